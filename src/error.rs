@@ -1,0 +1,111 @@
+//! The one error type of the library.
+//!
+//! Display messages are short, lowercase and carry the values a person needs to act:
+//! the hash, the field path, the byte offset.
+
+use crate::hash::FactHash;
+
+/// Everything that can go wrong in precedent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Bytes that are not the canonical encoding of a fact.
+    #[error("invalid canonical cbor at byte {offset}: {reason}")]
+    Decode {
+        /// Offset of the first byte that broke the rule.
+        offset: usize,
+        /// What rule was broken.
+        reason: String,
+    },
+    /// A fact that breaks the fact model (NaN, integer out of range, a limit).
+    #[error("invalid fact: {reason}")]
+    InvalidFact {
+        /// What is wrong, with the field path where there is one.
+        reason: String,
+    },
+    /// A JSON document that is not a fact in the JSON form.
+    #[error("invalid json fact: {reason}")]
+    Json {
+        /// What is wrong, with the JSON path where there is one.
+        reason: String,
+    },
+    /// A record that claims a hash its content does not have.
+    #[error("hash mismatch: record says {claimed}, content hashes to {actual}")]
+    HashMismatch {
+        /// The hash the record carried.
+        claimed: FactHash,
+        /// The hash of the record's content.
+        actual: FactHash,
+    },
+    /// No fact with this hash is stored (neither released nor held).
+    #[error("no fact {hash}")]
+    NotFound {
+        /// The hash asked for.
+        hash: FactHash,
+    },
+    /// A hash prefix that is not 8 to 64 lowercase or uppercase hex digits.
+    #[error("bad hash {prefix:?}: {reason}")]
+    BadHash {
+        /// The text given.
+        prefix: String,
+        /// Why it is not a hash or prefix.
+        reason: &'static str,
+    },
+    /// A prefix that matches no stored fact.
+    #[error("no fact matches prefix {prefix}")]
+    UnknownPrefix {
+        /// The prefix given.
+        prefix: String,
+    },
+    /// A prefix that matches more than one stored fact.
+    #[error("prefix {prefix} is ambiguous: matches {}", list_hashes(candidates))]
+    AmbiguousPrefix {
+        /// The prefix given.
+        prefix: String,
+        /// Some of the facts it matches (at most ten).
+        candidates: Vec<FactHash>,
+    },
+    /// Holding this fact would exceed the configured bound on held facts.
+    #[error("held-fact limit of {limit} reached: fact {hash} not stored")]
+    HeldLimit {
+        /// The configured bound.
+        limit: u64,
+        /// The fact that was refused.
+        hash: FactHash,
+    },
+    /// The database was written by a newer precedent.
+    #[error(
+        "database schema version {found} is newer than this binary supports ({supported}); upgrade precedent"
+    )]
+    SchemaTooNew {
+        /// The newest schema version this binary knows.
+        supported: u32,
+        /// The version recorded in the database.
+        found: u32,
+    },
+    /// A stored row that does not match what was written.
+    #[error("corrupt fact {hash}: {reason}")]
+    Corrupt {
+        /// Key of the damaged row.
+        hash: FactHash,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An error from SQLite.
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// An I/O error (reading an import file, writing an export).
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn list_hashes(hashes: &[FactHash]) -> String {
+    hashes
+        .iter()
+        .map(|h| h.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Result with the library's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,196 @@
+//! `FactHash`: the identity of a fact, and prefixes of it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::Error;
+
+/// The BLAKE3 hash of a fact's canonical bytes (see `docs/format.md`).
+///
+/// Its text form is 64 lowercase hex digits. Ordering is bytewise, which is also the
+/// order of the text form and the order predecessor sets are encoded in.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FactHash(pub [u8; 32]);
+
+impl FactHash {
+    /// Hashes canonical fact bytes. The caller is responsible for the bytes being canonical.
+    pub fn of_canonical(bytes: &[u8]) -> FactHash {
+        FactHash(*blake3::hash(bytes).as_bytes())
+    }
+
+    /// The raw 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Builds a hash from a 32-byte slice; `None` if the length is wrong.
+    pub fn from_slice(bytes: &[u8]) -> Option<FactHash> {
+        <[u8; 32]>::try_from(bytes).ok().map(FactHash)
+    }
+
+    /// The first `n` hex digits, for messages and tables.
+    pub fn short(&self, n: usize) -> String {
+        let mut s = self.to_string();
+        s.truncate(n.min(64));
+        s
+    }
+}
+
+impl fmt::Display for FactHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for FactHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FactHash({})", self.short(12))
+    }
+}
+
+impl FromStr for FactHash {
+    type Err = Error;
+
+    /// Parses exactly 64 hex digits (either case).
+    fn from_str(s: &str) -> Result<FactHash, Error> {
+        match HashPrefix::parse(s)? {
+            HashPrefix { nibbles: 64, bytes } => Ok(FactHash(bytes)),
+            _ => Err(Error::BadHash {
+                prefix: s.to_string(),
+                reason: "a full hash has 64 hex digits",
+            }),
+        }
+    }
+}
+
+/// The shortest prefix the command line accepts, as git does.
+pub const MIN_PREFIX_DIGITS: usize = 8;
+
+/// A hash or a prefix of one: 8 to 64 hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct HashPrefix {
+    /// The prefix bytes, zero-padded to 32.
+    bytes: [u8; 32],
+    /// How many hex digits were given (8..=64).
+    nibbles: usize,
+}
+
+impl HashPrefix {
+    /// Parses 8 to 64 hex digits.
+    ///
+    /// # Errors
+    /// [`Error::BadHash`] for other lengths or characters.
+    pub fn parse(s: &str) -> Result<HashPrefix, Error> {
+        let bad = |reason| Error::BadHash {
+            prefix: s.to_string(),
+            reason,
+        };
+        if s.len() < MIN_PREFIX_DIGITS {
+            return Err(bad("a hash prefix needs at least 8 hex digits"));
+        }
+        if s.len() > 64 {
+            return Err(bad("a hash has at most 64 hex digits"));
+        }
+        let mut bytes = [0u8; 32];
+        for (i, c) in s.bytes().enumerate() {
+            let v = match c {
+                b'0'..=b'9' => c - b'0',
+                b'a'..=b'f' => c - b'a' + 10,
+                b'A'..=b'F' => c - b'A' + 10,
+                _ => return Err(bad("not a hex digit")),
+            };
+            bytes[i / 2] |= if i % 2 == 0 { v << 4 } else { v };
+        }
+        Ok(HashPrefix {
+            bytes,
+            nibbles: s.len(),
+        })
+    }
+
+    /// The full hash, if all 64 digits were given.
+    pub fn full(&self) -> Option<FactHash> {
+        (self.nibbles == 64).then_some(FactHash(self.bytes))
+    }
+
+    /// Whether `hash` starts with this prefix.
+    pub fn matches(&self, hash: &FactHash) -> bool {
+        let whole = self.nibbles / 2;
+        if hash.0[..whole] != self.bytes[..whole] {
+            return false;
+        }
+        self.nibbles % 2 == 0 || hash.0[whole] >> 4 == self.bytes[whole] >> 4
+    }
+
+    /// The smallest hash with this prefix.
+    pub fn lowest(&self) -> [u8; 32] {
+        self.bytes
+    }
+
+    /// The largest hash with this prefix.
+    pub fn highest(&self) -> [u8; 32] {
+        let mut b = self.bytes;
+        let whole = self.nibbles / 2;
+        if self.nibbles % 2 == 1 {
+            b[whole] |= 0x0f;
+            b[whole + 1..].fill(0xff);
+        } else {
+            b[whole..].fill(0xff);
+        }
+        b
+    }
+
+    /// The text form as given, lowercased.
+    pub fn text(&self) -> String {
+        let mut s = hex::encode(self.bytes);
+        s.truncate(self.nibbles);
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_round_trip_is_lowercase() {
+        let h = FactHash::of_canonical(b"x");
+        let s = h.to_string();
+        assert_eq!(s.len(), 64);
+        assert_eq!(s, s.to_lowercase());
+        assert_eq!(s.parse::<FactHash>().unwrap(), h);
+        assert_eq!(s.to_uppercase().parse::<FactHash>().unwrap(), h);
+    }
+
+    #[test]
+    fn prefix_bounds_cover_exactly_the_matching_hashes() {
+        let h = FactHash::of_canonical(b"y");
+        for n in [8, 9, 15, 33, 63, 64] {
+            let p = HashPrefix::parse(&h.to_string()[..n]).unwrap();
+            assert!(p.matches(&h), "{n}");
+            assert!(p.lowest() <= h.0 && h.0 <= p.highest(), "{n}");
+            let mut other = h.0;
+            other[(n - 1) / 2] ^= if n % 2 == 1 { 0x10 } else { 0x01 };
+            assert!(!p.matches(&FactHash(other)), "{n}");
+        }
+    }
+
+    #[test]
+    fn short_or_non_hex_prefixes_are_refused() {
+        assert!(matches!(
+            HashPrefix::parse("abc1234"),
+            Err(Error::BadHash { .. })
+        ));
+        assert!(matches!(
+            HashPrefix::parse("abcdefgh"),
+            Err(Error::BadHash { .. })
+        ));
+        assert!(matches!(
+            HashPrefix::parse(&"a".repeat(65)),
+            Err(Error::BadHash { .. })
+        ));
+        assert!(matches!(
+            "abcdef12".parse::<FactHash>(),
+            Err(Error::BadHash { .. })
+        ));
+    }
+}

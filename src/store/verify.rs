@@ -1,0 +1,254 @@
+//! `verify`: re-hash every stored fact, check edges and release order, check the held
+//! set and its counter, and run SQLite's own integrity check.
+
+use std::collections::BTreeSet;
+
+use rusqlite::params;
+
+use super::Store;
+use super::read::fact_from_row;
+use crate::error::Result;
+use crate::hash::FactHash;
+
+/// One thing found wrong by [`Store::verify`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The fact concerned, when there is one.
+    pub hash: Option<FactHash>,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.hash {
+            Some(h) => write!(f, "fact {h}: {}", self.reason),
+            None => f.write_str(&self.reason),
+        }
+    }
+}
+
+/// What [`Store::verify`] checked and found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Released facts checked.
+    pub released: u64,
+    /// Held facts checked.
+    pub held: u64,
+    /// Everything found wrong (empty when the store is intact). At most 1,000 are kept.
+    pub problems: Vec<Problem>,
+}
+
+const MAX_PROBLEMS: usize = 1000;
+
+impl VerifyReport {
+    /// Whether nothing was found wrong.
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    fn problem(&mut self, hash: Option<FactHash>, reason: impl Into<String>) {
+        if self.problems.len() < MAX_PROBLEMS {
+            self.problems.push(Problem {
+                hash,
+                reason: reason.into(),
+            });
+        }
+    }
+}
+
+impl Store {
+    /// Checks the whole store. `progress` is called with the number of facts checked so far.
+    ///
+    /// Checks that every stored row re-hashes to its key and decodes strictly; that every
+    /// released fact's predecessors are released with a lower sequence number and its edge
+    /// rows match its predecessors; that every held fact waits for exactly its absent
+    /// predecessors and the held counter is right; and SQLite's `integrity_check`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Sqlite`] if the database cannot be read at all; damage it can read
+    /// past is reported in [`VerifyReport::problems`].
+    pub fn verify(&self, mut progress: impl FnMut(u64)) -> Result<VerifyReport> {
+        let mut report = VerifyReport::default();
+        self.verify_integrity(&mut report)?;
+        self.verify_released(&mut report, &mut progress)?;
+        self.verify_held(&mut report)?;
+        Ok(report)
+    }
+
+    fn verify_integrity(&self, report: &mut VerifyReport) -> Result<()> {
+        let mut stmt = self.conn.prepare("PRAGMA integrity_check")?;
+        for line in stmt.query_map([], |r| r.get::<_, String>(0))? {
+            let line = line?;
+            if line != "ok" {
+                report.problem(None, format!("sqlite integrity check: {line}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn verify_released(
+        &self,
+        report: &mut VerifyReport,
+        progress: &mut impl FnMut(u64),
+    ) -> Result<()> {
+        let mut rows_stmt = self.conn.prepare(
+            "SELECT f.seq, f.hash, f.bytes, t.name FROM fact f
+             LEFT JOIN fact_type t ON t.id = f.type_id ORDER BY f.seq",
+        )?;
+        let mut edges_stmt = self.conn.prepare(
+            "SELECT r.name, p.hash, p.seq FROM edge e
+             JOIN role r ON r.id = e.role_id JOIN fact p ON p.seq = e.predecessor
+             WHERE e.successor = ?1",
+        )?;
+        let mut rows = rows_stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            report.released += 1;
+            if report.released.is_multiple_of(10_000) {
+                progress(report.released);
+            }
+            let seq: i64 = row.get(0)?;
+            let raw: Vec<u8> = row.get(1)?;
+            let Some(hash) = FactHash::from_slice(&raw) else {
+                report.problem(
+                    None,
+                    format!("row seq {seq}: hash is {} bytes, not 32", raw.len()),
+                );
+                continue;
+            };
+            let bytes: Vec<u8> = row.get(2)?;
+            let fact = match fact_from_row(&hash, &bytes) {
+                Ok(f) => f,
+                Err(e) => {
+                    report.problem(Some(hash), e.to_string());
+                    continue;
+                }
+            };
+            let type_name: Option<String> = row.get(3)?;
+            if type_name.as_deref() != Some(fact.type_name()) {
+                report.problem(
+                    Some(hash),
+                    format!(
+                        "type column says {type_name:?}, bytes say {:?}",
+                        fact.type_name()
+                    ),
+                );
+            }
+            let mut edges = BTreeSet::new();
+            for e in edges_stmt.query_map(params![seq], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })? {
+                let (role, p, pseq) = e?;
+                if pseq >= seq {
+                    report.problem(
+                        Some(hash),
+                        format!("predecessor seq {pseq} is not below its own seq {seq}"),
+                    );
+                }
+                edges.insert((role, p));
+            }
+            let expected: BTreeSet<(String, Vec<u8>)> = fact
+                .predecessors()
+                .iter()
+                .flat_map(|(role, set)| set.iter().map(move |h| (role.clone(), h.0.to_vec())))
+                .collect();
+            for (role, p) in expected.difference(&edges) {
+                report.problem(
+                    Some(hash),
+                    format!(
+                        "predecessor {} (role {role}) is not released before it",
+                        hex::encode(p)
+                    ),
+                );
+            }
+            for (role, p) in edges.difference(&expected) {
+                report.problem(
+                    Some(hash),
+                    format!(
+                        "edge to {} (role {role}) that its bytes do not name",
+                        hex::encode(p)
+                    ),
+                );
+            }
+        }
+        progress(report.released);
+        Ok(())
+    }
+
+    fn verify_held(&self, report: &mut VerifyReport) -> Result<()> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT hash, bytes, missing FROM held ORDER BY hash")?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            report.held += 1;
+            let raw: Vec<u8> = row.get(0)?;
+            let Some(hash) = FactHash::from_slice(&raw) else {
+                report.problem(None, "held row with a hash that is not 32 bytes");
+                continue;
+            };
+            let bytes: Vec<u8> = row.get(1)?;
+            let fact = match fact_from_row(&hash, &bytes) {
+                Ok(f) => f,
+                Err(e) => {
+                    report.problem(Some(hash), format!("held: {e}"));
+                    continue;
+                }
+            };
+            if self.seq_of(&hash)?.is_some() {
+                report.problem(Some(hash), "both held and released");
+            }
+            let mut absent = BTreeSet::new();
+            for p in fact.predecessor_hashes() {
+                if self.seq_of(&p)?.is_none() {
+                    absent.insert(p);
+                }
+            }
+            let waiting: BTreeSet<FactHash> = self.held_missing(&hash)?.into_iter().collect();
+            if absent.is_empty() {
+                report.problem(Some(hash), "held although every predecessor is released");
+            }
+            if waiting != absent {
+                report.problem(
+                    Some(hash),
+                    format!(
+                        "waits for {} facts, but {} predecessors are absent",
+                        waiting.len(),
+                        absent.len()
+                    ),
+                );
+            }
+            let missing: i64 = row.get(2)?;
+            if missing != waiting.len() as i64 {
+                report.problem(
+                    Some(hash),
+                    format!("missing count {missing} but {} wait rows", waiting.len()),
+                );
+            }
+        }
+        let counter: i64 =
+            self.conn
+                .query_row("SELECT value FROM counter WHERE name = 'held'", [], |r| {
+                    r.get(0)
+                })?;
+        if counter != report.held as i64 {
+            report.problem(
+                None,
+                format!("held counter says {counter}, table has {}", report.held),
+            );
+        }
+        let orphans: i64 = self.conn.query_row(
+            "SELECT count(*) FROM held_wait w WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.hash = w.waiter)",
+            [],
+            |r| r.get(0),
+        )?;
+        if orphans > 0 {
+            report.problem(None, format!("{orphans} wait rows name no held fact"));
+        }
+        Ok(())
+    }
+}
