@@ -1,0 +1,423 @@
+//! Store behaviour: idempotence, held facts and their release, reopening, bounds, reads,
+//! verify, and a property test over random DAGs delivered in random order.
+
+mod common;
+
+use common::{assert_topological, chain, fact};
+use precedent::store::Durability;
+use precedent::{Error, Fact, FactHash, InsertOutcome, Store, StoreOptions};
+use proptest::prelude::*;
+
+#[test]
+fn same_fact_twice_is_one_fact() {
+    let mut s = Store::open_in_memory().unwrap();
+    let f = fact("A", 1, &[]);
+    let first = s.insert(&f).unwrap();
+    assert!(matches!(
+        first,
+        InsertOutcome::Inserted {
+            seq: 1,
+            released: 1
+        }
+    ));
+    assert_eq!(
+        s.insert(&f).unwrap(),
+        InsertOutcome::Duplicate { seq: Some(1) }
+    );
+    assert_eq!(s.stats().unwrap().released, 1);
+}
+
+#[test]
+fn a_child_is_held_until_its_parent_arrives_and_the_release_cascades() {
+    let mut s = Store::open_in_memory().unwrap();
+    let facts = chain(4);
+    for f in facts[1..].iter().rev() {
+        assert!(s.insert(f).unwrap().is_held());
+    }
+    // A held fact given again is a duplicate, not a second held row.
+    assert_eq!(
+        s.insert(&facts[3]).unwrap(),
+        InsertOutcome::Duplicate { seq: None }
+    );
+    assert_eq!(s.stats().unwrap().held, 3);
+    let held = s.held(10).unwrap();
+    let waiting_for_root = held
+        .iter()
+        .find(|h| h.fact.hash() == facts[1].hash())
+        .unwrap();
+    assert_eq!(waiting_for_root.missing, vec![facts[0].hash()]);
+    assert!(s.get(&facts[3].hash()).unwrap().is_none());
+    assert!(s.lookup(&facts[3].hash()).unwrap().unwrap().seq.is_none());
+
+    let out = s.insert(&facts[0]).unwrap();
+    assert_eq!(out.released(), 4);
+    assert_eq!(s.stats().unwrap().held, 0);
+    assert!(s.held(10).unwrap().is_empty());
+    assert_topological(&s);
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+}
+
+#[test]
+fn a_fact_with_two_missing_parents_waits_for_both() {
+    let mut s = Store::open_in_memory().unwrap();
+    let (a, b) = (fact("A", 1, &[]), fact("B", 2, &[]));
+    let c = fact("C", 3, &[a.hash(), b.hash()]);
+    assert_eq!(
+        s.insert(&c).unwrap(),
+        InsertOutcome::Held {
+            missing: {
+                let mut m = vec![a.hash(), b.hash()];
+                m.sort();
+                m
+            }
+        }
+    );
+    assert_eq!(s.insert(&a).unwrap().released(), 1);
+    assert!(s.get(&c.hash()).unwrap().is_none());
+    assert_eq!(s.held(10).unwrap()[0].missing, vec![b.hash()]);
+    assert_eq!(s.insert(&b).unwrap().released(), 2);
+    assert!(s.get(&c.hash()).unwrap().is_some());
+}
+
+#[test]
+fn held_facts_survive_a_restart_and_release_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let facts = chain(5);
+    {
+        let mut s = Store::open(&path).unwrap();
+        let report = s.insert_batch(facts[2..].to_vec()).unwrap();
+        assert_eq!(report.held, 3);
+        assert_eq!(report.released, 0);
+    }
+    {
+        let mut s = Store::open(&path).unwrap();
+        assert_eq!(s.stats().unwrap().held, 3);
+        s.insert(&facts[1]).unwrap();
+    }
+    let mut s = Store::open(&path).unwrap();
+    assert_eq!(s.stats().unwrap().held, 4);
+    assert_eq!(s.insert(&facts[0]).unwrap().released(), 5);
+    drop(s);
+    let s = Store::open(&path).unwrap();
+    assert_eq!(s.stats().unwrap().released, 5);
+    assert_eq!(s.stats().unwrap().held, 0);
+    assert_topological(&s);
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+}
+
+#[test]
+fn reversed_and_shuffled_batches_release_everything() {
+    use rand::seq::SliceRandom;
+    let facts = chain(300);
+    let mut reversed = facts.clone();
+    reversed.reverse();
+    let mut s = Store::open_in_memory().unwrap();
+    let r = s.insert_batch(reversed).unwrap();
+    assert_eq!((r.inserted, r.held, r.released), (300, 0, 300));
+
+    let mut shuffled = facts.clone();
+    shuffled.extend(facts[..50].iter().cloned());
+    shuffled.shuffle(&mut rand::rng());
+    let mut s2 = Store::open_in_memory().unwrap();
+    let mut total = precedent::BatchReport::default();
+    for chunk in shuffled.chunks(37) {
+        total.merge(s2.insert_batch(chunk.to_vec()).unwrap());
+    }
+    assert_eq!(total.released, 300);
+    assert_eq!(total.duplicates, 50);
+    assert_eq!(s2.stats().unwrap().held, 0);
+    assert_topological(&s2);
+}
+
+#[test]
+fn the_held_bound_refuses_new_held_facts_and_keeps_the_rest() {
+    let opts = StoreOptions {
+        max_held: 2,
+        ..StoreOptions::default()
+    };
+    let mut s = Store::open_in_memory_with(opts).unwrap();
+    let facts = chain(5);
+    assert!(s.insert(&facts[4]).unwrap().is_held());
+    assert!(s.insert(&facts[3]).unwrap().is_held());
+    let err = s.insert(&facts[2]).unwrap_err();
+    assert!(matches!(err, Error::HeldLimit { limit: 2, hash } if hash == facts[2].hash()));
+    assert!(err.to_string().contains("held-fact limit of 2"));
+    // A batch reports refusals and stores the rest.
+    let r = s
+        .insert_batch(vec![facts[2].clone(), fact("Other", 1, &[])])
+        .unwrap();
+    assert_eq!(r.refused, vec![facts[2].hash()]);
+    assert_eq!(r.inserted, 1);
+    assert_eq!(s.stats().unwrap().held, 2);
+    // Once ancestors arrive in order, the held ones release and the bound frees up.
+    s.insert_batch(facts[..3].to_vec()).unwrap();
+    assert_eq!(s.stats().unwrap().released, 6);
+    assert_eq!(s.stats().unwrap().held, 0);
+}
+
+#[test]
+fn a_failed_write_leaves_nothing_behind() {
+    let mut s = Store::open_in_memory().unwrap();
+    let a = fact("NewType", 1, &[]);
+    let r: Result<(), Error> = s.write(|w| {
+        w.insert(&a)?;
+        Err(Error::InvalidFact {
+            reason: "application gave up".into(),
+        })
+    });
+    assert!(r.is_err());
+    assert!(s.get(&a.hash()).unwrap().is_none());
+    assert!(s.facts_of_type("NewType").unwrap().is_empty());
+    // The type id numbered by the rolled-back transaction is not reused wrongly.
+    s.insert(&fact("Other", 1, &[])).unwrap();
+    s.insert(&a).unwrap();
+    assert_eq!(s.facts_of_type("NewType").unwrap().len(), 1);
+    assert_eq!(s.facts_of_type("Other").unwrap().len(), 1);
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+}
+
+#[test]
+fn reads_follow_edges_by_role_and_type() {
+    let mut s = Store::open_in_memory().unwrap();
+    let shop = fact("Shop", 1, &[]);
+    let order = Fact::builder("Order")
+        .field("id", 1)
+        .predecessor("shop", shop.hash())
+        .build()
+        .unwrap();
+    let other = Fact::builder("Review")
+        .predecessor("about", shop.hash())
+        .build()
+        .unwrap();
+    let ship = Fact::builder("Shipped")
+        .predecessor("order", order.hash())
+        .build()
+        .unwrap();
+    s.insert_batch(vec![
+        ship.clone(),
+        other.clone(),
+        order.clone(),
+        shop.clone(),
+    ])
+    .unwrap();
+    let hashes = |v: Vec<Fact>| v.iter().map(Fact::hash).collect::<Vec<_>>();
+    assert_eq!(
+        hashes(s.successors(&shop.hash(), Some("shop"), None).unwrap()),
+        vec![order.hash()]
+    );
+    assert_eq!(
+        hashes(s.successors(&shop.hash(), None, Some("Review")).unwrap()),
+        vec![other.hash()]
+    );
+    assert_eq!(s.successors(&shop.hash(), None, None).unwrap().len(), 2);
+    assert!(
+        s.successors(&shop.hash(), Some("nope"), None)
+            .unwrap()
+            .is_empty()
+    );
+    let preds = s.predecessors(&ship.hash()).unwrap();
+    assert_eq!(preds.len(), 1);
+    assert_eq!(preds[0].0, "order");
+    assert_eq!(
+        s.ancestors(&ship.hash()).unwrap(),
+        vec![shop.hash(), order.hash()]
+    );
+    let mut down = s.descendants(&shop.hash()).unwrap();
+    down.sort();
+    let mut want = vec![order.hash(), other.hash(), ship.hash()];
+    want.sort();
+    assert_eq!(down, want);
+    assert_eq!(
+        hashes(s.facts_of_type("Order").unwrap()),
+        vec![order.hash()]
+    );
+}
+
+#[test]
+fn ancestors_of_a_chain_of_100_000_facts() {
+    let mut s = Store::open_in_memory().unwrap();
+    let facts = chain(100_000);
+    let last = facts.last().unwrap().hash();
+    let first = facts[0].hash();
+    s.insert_batch(facts).unwrap();
+    let up = s.ancestors(&last).unwrap();
+    assert_eq!(up.len(), 99_999);
+    assert_eq!(up[0], first);
+    assert_eq!(s.descendants(&first).unwrap().len(), 99_999);
+}
+
+#[test]
+fn prefixes_resolve_when_unique_and_fail_clearly_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let mut s = Store::open(&path).unwrap();
+    let f = fact("A", 1, &[]);
+    s.insert(&f).unwrap();
+    let h = f.hash().to_string();
+    assert_eq!(s.resolve(&h[..8]).unwrap(), f.hash());
+    assert_eq!(s.resolve(&h[..13].to_uppercase()).unwrap(), f.hash());
+    assert!(
+        matches!(s.resolve("0000000000"), Err(Error::UnknownPrefix { .. }))
+            || h.starts_with("0000000000")
+    );
+    assert!(matches!(s.resolve(&h[..7]), Err(Error::BadHash { .. })));
+    drop(s);
+    // Two rows whose hashes share 8 hex digits, written underneath the store.
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    for last in [1u8, 2] {
+        let mut hash = [0xab; 32];
+        hash[31] = last;
+        raw.execute(
+            "INSERT INTO held (hash, bytes, missing, held_at) VALUES (?1, x'00', 1, 0)",
+            [&hash[..]],
+        )
+        .unwrap();
+    }
+    drop(raw);
+    let s = Store::open(&path).unwrap();
+    match s.resolve("abababab") {
+        Err(Error::AmbiguousPrefix { candidates, .. }) => assert_eq!(candidates.len(), 2),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_database_from_a_newer_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    drop(Store::open(&path).unwrap());
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", 999)
+        .unwrap();
+    match Store::open(&path) {
+        Err(e @ Error::SchemaTooNew { found: 999, .. }) => assert!(e.to_string().contains("newer")),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("opened a newer database"),
+    }
+}
+
+#[test]
+fn verify_finds_damaged_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let facts = chain(3);
+    let mut s = Store::open_with(
+        &path,
+        StoreOptions {
+            durability: Durability::Normal,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    s.insert_batch(facts.clone()).unwrap();
+    s.insert(&fact("Lonely", 1, &[FactHash([7; 32])])).unwrap();
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+    drop(s);
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let other = fact("Z", 9, &[]);
+    raw.execute(
+        "UPDATE fact SET bytes = ?1 WHERE seq = 2",
+        [other.canonical_bytes()],
+    )
+    .unwrap();
+    raw.execute("DELETE FROM edge WHERE successor = 3", [])
+        .unwrap();
+    raw.execute("UPDATE counter SET value = 5 WHERE name = 'held'", [])
+        .unwrap();
+    drop(raw);
+    let s = Store::open(&path).unwrap();
+    let report = s.verify(|_| {}).unwrap();
+    let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
+    assert!(
+        text.iter()
+            .any(|t| t.contains(&facts[1].hash().to_string()) && t.contains("hash mismatch")),
+        "{text:?}"
+    );
+    assert!(
+        text.iter()
+            .any(|t| t.contains(&facts[2].hash().to_string()) && t.contains("not released before")),
+        "{text:?}"
+    );
+    assert!(
+        text.iter().any(|t| t.contains("held counter says 5")),
+        "{text:?}"
+    );
+    // Reading the damaged fact is an error, not wrong data.
+    assert!(matches!(
+        s.get(&facts[1].hash()),
+        Err(Error::Corrupt { .. })
+    ));
+}
+
+/// A random DAG: fact i names up to three of the facts before it.
+fn dag_strategy() -> impl Strategy<Value = Vec<Vec<usize>>> {
+    (1usize..60).prop_flat_map(|n| {
+        (0..n)
+            .map(|i| proptest::collection::vec(0..i.max(1), if i == 0 { 0..1 } else { 0..4 }))
+            .collect::<Vec<_>>()
+    })
+}
+
+fn build_dag(shape: &[Vec<usize>]) -> Vec<Fact> {
+    let mut facts: Vec<Fact> = Vec::new();
+    for (i, preds) in shape.iter().enumerate() {
+        let hashes: Vec<FactHash> = preds.iter().map(|&p| facts[p].hash()).collect();
+        facts.push(fact("Node", i as i64, &hashes));
+    }
+    facts
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Random DAGs delivered in random order with random duplicates, across several
+    /// batches and reopenings, end with exactly that DAG stored, nothing held, and the
+    /// release sequence topological.
+    #[test]
+    fn any_delivery_order_ends_with_the_whole_dag(
+        shape in dag_strategy(),
+        order_seed in any::<u64>(),
+        dups in proptest::collection::vec(any::<prop::sample::Index>(), 0..20),
+        cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..5),
+        reopen_mask in any::<u8>(),
+    ) {
+        use rand::{SeedableRng, seq::SliceRandom};
+        let facts = build_dag(&shape);
+        let mut delivery: Vec<Fact> = facts.clone();
+        delivery.extend(dups.iter().map(|d| facts[d.index(facts.len())].clone()));
+        delivery.shuffle(&mut rand::rngs::StdRng::seed_from_u64(order_seed));
+        let mut bounds: Vec<usize> = cuts.iter().map(|c| c.index(delivery.len() + 1)).collect();
+        bounds.push(0);
+        bounds.push(delivery.len());
+        bounds.sort();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.db");
+        let opts = StoreOptions { durability: Durability::Normal, ..StoreOptions::default() };
+        let mut store = Store::open_with(&path, opts.clone()).unwrap();
+        let mut released = 0;
+        for (i, w) in bounds.windows(2).enumerate() {
+            let batch = delivery[w[0]..w[1]].to_vec();
+            if batch.len() == 1 && i % 2 == 0 {
+                released += store.insert(&batch[0]).unwrap().released();
+            } else {
+                released += store.insert_batch(batch).unwrap().released;
+            }
+            if reopen_mask & (1 << (i % 8)) != 0 {
+                drop(store);
+                store = Store::open_with(&path, opts.clone()).unwrap();
+            }
+        }
+        let stats = store.stats().unwrap();
+        prop_assert_eq!(released, facts.len() as u64);
+        prop_assert_eq!(stats.released, facts.len() as u64);
+        prop_assert_eq!(stats.held, 0);
+        for f in &facts {
+            prop_assert!(store.get(&f.hash()).unwrap().is_some());
+        }
+        assert_topological(&store);
+        let report = store.verify(|_| {}).unwrap();
+        prop_assert!(report.is_clean(), "{:?}", report.problems);
+    }
+}
