@@ -613,6 +613,7 @@ mod tests {
         assert_eq!(back.fields(), f.fields());
         assert_eq!(back.predecessors(), f.predecessors());
         // ciborium, an independent decoder, reads the same bytes as well-formed CBOR.
+        #[allow(clippy::disallowed_methods)] // an independent decoder, as a cross-check
         let v: ciborium::Value = ciborium::from_reader(f.canonical_bytes()).unwrap();
         assert!(v.is_array());
     }

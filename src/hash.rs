@@ -99,7 +99,7 @@ impl HashPrefix {
                 b'A'..=b'F' => c - b'A' + 10,
                 _ => return Err(bad("not a hex digit")),
             };
-            bytes[i / 2] |= if i % 2 == 0 { v << 4 } else { v };
+            bytes[i / 2] |= if i.is_multiple_of(2) { v << 4 } else { v };
         }
         Ok(HashPrefix {
             bytes,
@@ -118,7 +118,7 @@ impl HashPrefix {
         if hash.0[..whole] != self.bytes[..whole] {
             return false;
         }
-        self.nibbles % 2 == 0 || hash.0[whole] >> 4 == self.bytes[whole] >> 4
+        self.nibbles.is_multiple_of(2) || hash.0[whole] >> 4 == self.bytes[whole] >> 4
     }
 
     /// The smallest hash with this prefix.
@@ -130,7 +130,7 @@ impl HashPrefix {
     pub fn highest(&self) -> [u8; 32] {
         let mut b = self.bytes;
         let whole = self.nibbles / 2;
-        if self.nibbles % 2 == 1 {
+        if !self.nibbles.is_multiple_of(2) {
             b[whole] |= 0x0f;
             b[whole + 1..].fill(0xff);
         } else {
