@@ -1,0 +1,105 @@
+//! The command line grammar (clap derive).
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// A historical-modeling fact store: immutable, content-addressed facts whose
+/// predecessors form a DAG. Facts that arrive before their ancestors are held until
+/// the ancestors arrive, then released in order.
+#[derive(Parser, Debug)]
+#[command(name = "precedent", version, about, max_term_width = 100)]
+pub struct Cli {
+    /// The database file.
+    #[arg(
+        long,
+        global = true,
+        env = "PRECEDENT_DB",
+        default_value = "./precedent.db",
+        value_name = "PATH"
+    )]
+    pub db: PathBuf,
+
+    /// Machine-readable output (JSON) on commands a script would parse.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// Most facts that may be held waiting for ancestors at once (default 1,000,000).
+    #[arg(long, global = true, value_name = "N")]
+    pub max_held: Option<u64>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create the database (or migrate it to this version's schema) and print its path.
+    Init,
+    /// Add one fact, given in the JSON form as an argument or on stdin; print its hash.
+    ///
+    /// Predecessors may be full hashes, unique prefixes of at least 8 hex digits, or
+    /// inline fact objects (stored first). Example:
+    /// precedent add '{"type":"Shop.Order","fields":{"id":7},"predecessors":{"shop":"0f3c2a9b"}}'
+    Add {
+        /// The fact as JSON; read from stdin when absent or `-`.
+        json: Option<String>,
+    },
+    /// Show one fact (released or held) by hash or unique prefix (>= 8 hex digits).
+    Get {
+        /// A full hash or a prefix of at least 8 hex digits.
+        hash: String,
+        /// Write the raw canonical CBOR bytes to stdout instead of JSON.
+        #[arg(long)]
+        cbor: bool,
+    },
+    /// Import facts from JSON Lines or a CBOR sequence, in any order.
+    ///
+    /// Invalid records are listed on stderr (`line N: reason`); every valid record is
+    /// stored and the exit code is 1 if any record was invalid.
+    Import {
+        /// The input file, or `-` for stdin.
+        file: PathBuf,
+        /// Input format; by default `{` as the first non-blank byte means JSON Lines,
+        /// anything else a CBOR sequence.
+        #[arg(long, value_enum)]
+        format: Option<Format>,
+        /// All or nothing: one transaction, and nothing is stored if any record is invalid.
+        #[arg(long)]
+        atomic: bool,
+    },
+    /// Export released facts in release order (JSON Lines or a CBOR sequence).
+    Export {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Json)]
+        format: Format,
+        /// Only facts released after this sequence number.
+        #[arg(long, value_name = "SEQ", default_value_t = 0)]
+        after: i64,
+        /// Write to FILE instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// List held facts and the hashes each waits for.
+    Held {
+        /// Show at most N held facts, oldest first.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+    },
+    /// Check every stored fact, edge and held record; exit 1 naming each problem.
+    Verify,
+    /// Counts per type, released, held, edges, and the database size.
+    Stats,
+    /// Build a small shop in the database, delivered out of order, and narrate it.
+    Demo,
+}
+
+/// A fact stream format.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// JSON Lines: one fact in the JSON form per line.
+    Json,
+    /// A CBOR sequence (RFC 8742): the canonical bytes of each fact, back to back.
+    Cbor,
+}

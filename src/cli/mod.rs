@@ -1,0 +1,264 @@
+//! The command line, one file per command group. This file decides exit codes and how
+//! errors are printed; the commands only parse, call the library and print.
+
+/// `println!` that returns an error instead of panicking when stdout is closed (a reader
+/// such as `head` that went away), so the command can stop quietly.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)?
+    }};
+}
+
+pub mod args;
+mod demo;
+mod export;
+mod facts;
+mod import;
+mod inspect;
+
+use std::fmt;
+use std::io::{self, IsTerminal};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use precedent::{Error, Store, StoreOptions};
+
+use args::{Cli, Command};
+
+/// Exit codes. Usage errors (2) are reported by clap itself.
+pub mod exit {
+    /// Success.
+    pub const OK: u8 = 0;
+    /// Invalid input (a bad fact, record or hash), or `verify` found problems.
+    pub const INVALID: u8 = 1;
+    /// Usage error: bad arguments (clap's default).
+    #[allow(dead_code)]
+    pub const USAGE: u8 = 2;
+    /// Not found: an unknown (or ambiguous) hash or prefix.
+    pub const NOT_FOUND: u8 = 3;
+    /// Database error: schema too new, SQLite, corruption, i/o.
+    pub const DATABASE: u8 = 4;
+}
+
+/// The exit code for each library error. The one place where this mapping lives.
+pub fn exit_code(err: &Error) -> u8 {
+    match err {
+        Error::Decode { .. }
+        | Error::InvalidFact { .. }
+        | Error::Json { .. }
+        | Error::HashMismatch { .. }
+        | Error::BadHash { .. }
+        | Error::HeldLimit { .. } => exit::INVALID,
+        Error::NotFound { .. } | Error::UnknownPrefix { .. } | Error::AmbiguousPrefix { .. } => {
+            exit::NOT_FOUND
+        }
+        Error::SchemaTooNew { .. } | Error::Corrupt { .. } | Error::Sqlite(_) | Error::Io(_) => {
+            exit::DATABASE
+        }
+        _ => exit::DATABASE,
+    }
+}
+
+/// How a command that ran to its end went.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Everything was fine.
+    Ok,
+    /// Data problems (invalid records, verify findings), already reported: exit 1.
+    Problems,
+}
+
+/// An error of the command line itself, with its exit code.
+#[derive(Debug)]
+pub struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    /// A failure exiting with `code`.
+    pub fn error(code: u8, message: impl Into<String>) -> anyhow::Error {
+        anyhow::Error::new(Failure {
+            code,
+            message: message.into(),
+        })
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// The options every command shares.
+pub struct Global {
+    pub db: PathBuf,
+    pub json: bool,
+    pub max_held: Option<u64>,
+}
+
+impl Global {
+    /// Opens the store. Read-only commands (`create == false`) refuse a missing file
+    /// rather than creating an empty database at a mistyped path.
+    pub fn open(&self, create: bool) -> anyhow::Result<Store> {
+        if !create && !self.db.exists() {
+            return Err(Failure::error(
+                exit::DATABASE,
+                format!(
+                    "no database at {} (create one with `precedent init`)",
+                    self.db.display()
+                ),
+            ));
+        }
+        let mut options = StoreOptions::default();
+        if let Some(n) = self.max_held {
+            options.max_held = n;
+        }
+        Store::open_with(&self.db, options)
+            .with_context(|| format!("cannot open database {}", self.db.display()))
+    }
+
+    /// The held-fact bound the store is opened with.
+    pub fn max_held(&self) -> u64 {
+        self.max_held
+            .unwrap_or_else(|| StoreOptions::default().max_held)
+    }
+}
+
+/// Runs a parsed command line and turns its outcome into an exit code.
+pub fn run(cli: Cli) -> ExitCode {
+    let global = Global {
+        db: cli.db,
+        json: cli.json,
+        max_held: cli.max_held,
+    };
+    let result = match cli.command {
+        Command::Init => facts::init(&global),
+        Command::Add { json } => facts::add(&global, json),
+        Command::Get { hash, cbor } => facts::get(&global, &hash, cbor),
+        Command::Import {
+            file,
+            format,
+            atomic,
+        } => import::import(&global, &file, format, atomic),
+        Command::Export {
+            format,
+            after,
+            output,
+        } => export::export(&global, format, after, output.as_deref()),
+        Command::Held { limit } => inspect::held(&global, limit),
+        Command::Verify => inspect::verify(&global),
+        Command::Stats => inspect::stats(&global),
+        Command::Demo => demo::demo(&global),
+    };
+    match result {
+        Ok(Status::Ok) => ExitCode::from(exit::OK),
+        Ok(Status::Problems) => ExitCode::from(exit::INVALID),
+        // A reader that went away (`precedent export | head`) is not an error.
+        Err(e) if is_broken_pipe(&e) => ExitCode::from(exit::OK),
+        Err(e) => {
+            eprintln!("error: {}", message(&e));
+            ExitCode::from(code_of(&e))
+        }
+    }
+}
+
+fn code_of(err: &anyhow::Error) -> u8 {
+    for cause in err.chain() {
+        if let Some(f) = cause.downcast_ref::<Failure>() {
+            return f.code;
+        }
+        if let Some(e) = cause.downcast_ref::<Error>() {
+            return exit_code(e);
+        }
+        if cause.downcast_ref::<io::Error>().is_some() {
+            return exit::DATABASE;
+        }
+    }
+    exit::INVALID
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// One line: the context chain joined by `: `, causes already quoted by their wrapper
+/// left out, each part starting lowercase.
+fn message(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    let parts: Vec<String> = out.split(": ").map(lowercase_first).collect();
+    parts.join(": ").replace(['\n', '\r'], " ")
+}
+
+/// Lowercases the first letter of a sentence-like part ("No such file" but not "SQLite").
+fn lowercase_first(part: &str) -> String {
+    let mut chars = part.chars();
+    match (chars.next(), chars.next()) {
+        (Some(a), Some(b)) if a.is_uppercase() && b.is_lowercase() => {
+            let mut s: String = a.to_lowercase().collect();
+            s.push_str(&part[a.len_utf8()..]);
+            s
+        }
+        _ => part.to_string(),
+    }
+}
+
+/// A progress bar on stderr, or a hidden one when stderr is not a terminal.
+/// `len` is the total in bytes when known; otherwise a spinner counts.
+pub fn progress(len: Option<u64>, what: &str) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = match len {
+        Some(n) => {
+            let pb = ProgressBar::new(n);
+            pb.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} {prefix} [{bar:30}] {bytes}/{total_bytes} {msg}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            pb
+        }
+        None => {
+            let pb = ProgressBar::new_spinner();
+            pb.set_style(
+                ProgressStyle::with_template("{spinner} {prefix} {bytes} {msg}")
+                    .expect("valid template"),
+            );
+            pb
+        }
+    };
+    pb.set_prefix(what.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(120));
+    pb
+}
+
+/// A path for messages: `-` is stdin.
+pub fn source_name(path: &Path) -> String {
+    if path == Path::new("-") {
+        "stdin".to_string()
+    } else {
+        path.display().to_string()
+    }
+}
