@@ -44,7 +44,8 @@ pub enum Command {
     /// precedent add '{"type":"Shop.Order","fields":{"id":7},"predecessors":{"shop":"0f3c2a9b"}}'
     Add {
         /// The fact as JSON; read from stdin when absent or `-`.
-        json: Option<String>,
+        #[arg(value_name = "JSON")]
+        fact: Option<String>,
     },
     /// Show one fact (released or held) by hash or unique prefix (>= 8 hex digits).
     Get {

@@ -16,6 +16,7 @@ mod export;
 mod facts;
 mod import;
 mod inspect;
+mod records;
 
 use std::fmt;
 use std::io::{self, IsTerminal};
@@ -140,7 +141,7 @@ pub fn run(cli: Cli) -> ExitCode {
     };
     let result = match cli.command {
         Command::Init => facts::init(&global),
-        Command::Add { json } => facts::add(&global, json),
+        Command::Add { fact } => facts::add(&global, fact),
         Command::Get { hash, cbor } => facts::get(&global, &hash, cbor),
         Command::Import {
             file,
@@ -243,8 +244,7 @@ pub fn progress(len: Option<u64>, what: &str) -> ProgressBar {
         None => {
             let pb = ProgressBar::new_spinner();
             pb.set_style(
-                ProgressStyle::with_template("{spinner} {prefix} {bytes} {msg}")
-                    .expect("valid template"),
+                ProgressStyle::with_template("{spinner} {prefix} {msg}").expect("valid template"),
             );
             pb
         }
