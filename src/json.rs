@@ -182,13 +182,14 @@ fn value_from_json(v: &Json, path: &str, depth: usize) -> Result<Value> {
                     .collect::<Result<_>>()?,
             )
         }
-        Json::Object(obj) => {
-            check_depth(depth, path)?;
-            match special_form(obj) {
-                Some((key, inner)) => special_from_json(key, inner, path, depth)?,
-                None => Value::Map(map_from_json(obj, path, depth)?),
+        // `$bytes` and `$float` stand for scalars, so only maps count as a nesting level.
+        Json::Object(obj) => match special_form(obj) {
+            Some((key, inner)) => special_from_json(key, inner, path, depth)?,
+            None => {
+                check_depth(depth, path)?;
+                Value::Map(map_from_json(obj, path, depth)?)
             }
-        }
+        },
     })
 }
 
@@ -239,6 +240,7 @@ fn special_from_json(key: &str, inner: &Json, path: &str, depth: usize) -> Resul
             _ => Err(err(&here, "must be \"Infinity\" or \"-Infinity\"")),
         },
         "$map" => {
+            check_depth(depth, path)?;
             let obj = inner
                 .as_object()
                 .ok_or_else(|| err(&here, "must be an object"))?;
