@@ -1,7 +1,7 @@
 //! `import`: JSON Lines or a CBOR sequence, streamed in chunks of records, each chunk
 //! inserted with one `insert_batch` (and with `--atomic`, all in one transaction).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::Context;
 use indicatif::ProgressBar;
 use precedent::store::Writer;
-use precedent::{BatchReport, Error, Fact, FactHash, HashPrefix, InsertOutcome, json};
+use precedent::{Error, Fact, FactHash, HashPrefix, json};
 use serde_json::json;
 
 use super::args::Format;
@@ -161,7 +161,7 @@ fn import_chunk(
             }
         }
     }
-    let report = insert_chunk(w, facts)?;
+    let report = w.insert_batch(facts)?;
     tally.inserted += report.inserted;
     tally.duplicate += report.duplicates;
     tally.released += report.released;
@@ -179,37 +179,6 @@ fn import_chunk(
     }
     pb.set_message(format!("{} records", tally.records));
     Ok(())
-}
-
-/// Inserts a chunk. A chunk already in parent-before-child order (such as an export) is
-/// inserted in its own order, so that re-importing an export reproduces its release order;
-/// any other chunk goes through `insert_batch`, which sorts it.
-fn insert_chunk(w: &mut Writer<'_>, facts: Vec<Fact>) -> precedent::Result<BatchReport> {
-    let mut seen = HashSet::with_capacity(facts.len());
-    let all: HashSet<FactHash> = facts.iter().map(Fact::hash).collect();
-    let in_order = facts.iter().all(|f| {
-        seen.insert(f.hash());
-        f.predecessor_hashes()
-            .iter()
-            .all(|p| seen.contains(p) || !all.contains(p))
-    });
-    if !in_order {
-        return w.insert_batch(facts);
-    }
-    let mut report = BatchReport::default();
-    for fact in &facts {
-        match w.insert(fact) {
-            Ok(InsertOutcome::Inserted { released, .. }) => {
-                report.inserted += 1;
-                report.released += released;
-            }
-            Ok(InsertOutcome::Held { .. }) => report.held += 1,
-            Ok(_) => report.duplicates += 1,
-            Err(Error::HeldLimit { hash, .. }) => report.refused.push(hash),
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(report)
 }
 
 fn parse(w: &Writer<'_>, body: &Body, chunk: &BTreeSet<FactHash>) -> precedent::Result<Vec<Fact>> {

@@ -26,7 +26,7 @@ pub fn held(g: &Global, limit: usize) -> anyhow::Result<Status> {
         }
         return Ok(Status::Ok);
     }
-    let total = store.stats()?.held;
+    let total = store.held_count()?;
     if held.is_empty() {
         writeln!(out, "no held facts: every stored fact is released")?;
         return Ok(Status::Ok);

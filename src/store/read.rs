@@ -361,6 +361,18 @@ impl Store {
         Ok(())
     }
 
+    /// The number of held facts (read from a counter, without a scan).
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`].
+    pub fn held_count(&self) -> Result<u64> {
+        Ok(self
+            .conn
+            .query_row("SELECT value FROM counter WHERE name = 'held'", [], |r| {
+                r.get::<_, i64>(0)
+            })? as u64)
+    }
+
     /// Counts per type, held and edges, and the database size.
     ///
     /// # Errors
@@ -375,11 +387,7 @@ impl Store {
             stats.released += n as u64;
             stats.per_type.insert(name, n as u64);
         }
-        stats.held =
-            self.conn
-                .query_row("SELECT value FROM counter WHERE name = 'held'", [], |r| {
-                    r.get::<_, i64>(0)
-                })? as u64;
+        stats.held = self.held_count()?;
         stats.edges = self
             .conn
             .query_row("SELECT count(*) FROM edge", [], |r| r.get::<_, i64>(0))?
