@@ -28,7 +28,7 @@ pub fn release_order(batch: Vec<Fact>) -> Vec<Fact> {
     let mut edges = Vec::new();
     for node in graph.node_indices() {
         let fact = graph[node].as_ref().expect("every node holds its fact");
-        for (_, set) in fact.predecessors() {
+        for set in fact.predecessors().values() {
             for p in set {
                 if let Some(&parent) = index.get(p) {
                     edges.push((parent, node));

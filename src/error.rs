@@ -91,6 +91,75 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// No queue of this name is declared.
+    #[error("no queue named {name:?}")]
+    UnknownQueue {
+        /// The name asked for.
+        name: String,
+    },
+    /// A queue operation that cannot be done (a bad declaration, redriving an input that is
+    /// not dead-lettered, ...).
+    #[error("queue {queue}: {reason}")]
+    Queue {
+        /// The queue's name.
+        queue: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The lease is no longer held: it expired and another worker claimed the input, or the
+    /// input ended meanwhile. Nothing was written.
+    #[error(
+        "queue {queue}: lease on input {input} is lost (expired and claimed again, or the input ended)"
+    )]
+    LeaseLost {
+        /// The queue's name.
+        queue: String,
+        /// The input fact.
+        input: FactHash,
+    },
+    /// A completion closure returned without writing a fact that completes the input.
+    /// Nothing was written.
+    #[error("queue {queue}: input {input} is not completed by what the handler wrote")]
+    NotCompleted {
+        /// The queue's name.
+        queue: String,
+        /// The input fact.
+        input: FactHash,
+    },
+    /// A peer could not be reached, or the connection broke mid-exchange.
+    #[error("sync with {url}: {reason}")]
+    Transport {
+        /// The peer's URL.
+        url: String,
+        /// What went wrong (connection refused, reset, timed out).
+        reason: String,
+    },
+    /// A peer answered a sync request with an error status.
+    #[error("sync with {url}: http {status} {code}: {message}")]
+    Remote {
+        /// The peer's URL.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// The error code from the JSON body (`unauthorized`, `too_many_facts`, ...).
+        code: String,
+        /// The message from the JSON body.
+        message: String,
+    },
+    /// A peer's answer that breaks the protocol (a missing header, a short stream).
+    #[error("sync with {url}: protocol error: {reason}")]
+    Protocol {
+        /// The peer's URL.
+        url: String,
+        /// What was wrong with the answer.
+        reason: String,
+    },
+    /// A sync configuration that cannot be used (a token file, a certificate, an address).
+    #[error("sync configuration: {reason}")]
+    SyncConfig {
+        /// What is wrong, with the file where there is one.
+        reason: String,
+    },
     /// An error from SQLite.
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),

@@ -63,6 +63,21 @@ impl FromStr for FactHash {
     }
 }
 
+impl serde::Serialize for FactHash {
+    /// As the 64-digit lowercase hex text form.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for FactHash {
+    /// From the 64-digit hex text form.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<FactHash, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// The shortest prefix the command line accepts, as git does.
 pub const MIN_PREFIX_DIGITS: usize = 8;
 

@@ -32,16 +32,22 @@
 //!   writes fact bytes.
 //! - [`json`]: the JSON form of facts, for people and the command line.
 //! - [`dag`]: ordering a batch of facts so parents come before children (petgraph).
-//! - [`store`]: the SQLite store: schema migrations, inserts, held facts, reads, verify.
+//! - [`clock`]: the time source for leases and backoff ([`clock::ManualClock`] in tests).
+//! - [`queue`]: work queue declarations, leases, failures, stats (the SQL is in `store`).
+//! - [`store`]: the SQLite store: schema migrations, inserts, held facts, reads, verify,
+//!   and the queue index kept up to date as facts are released.
+//! - [`sync`]: replication between nodes over HTTP: wire format, server, client.
 
 #![deny(missing_docs)]
 
+pub mod clock;
 pub mod dag;
 pub mod encoding;
 pub mod error;
 pub mod fact;
 pub mod hash;
 pub mod json;
+pub mod queue;
 pub mod store;
 
 pub use error::{Error, Result};

@@ -4,8 +4,10 @@
 //! beside SQLite without touching callers.
 
 mod names;
+mod queue;
 mod read;
 mod verify;
+mod work;
 mod write;
 
 use std::path::{Path, PathBuf};
@@ -13,15 +15,20 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
+use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use names::Names;
+use std::sync::Arc;
 
 pub use read::{HeldFact, Stats, StoredFact};
 pub use verify::{Problem, VerifyReport};
 pub use write::{BatchReport, InsertOutcome, Writer};
 
 /// Schema migrations, applied in order. `PRAGMA user_version` records how many ran.
-const MIGRATIONS: &[&str] = &[include_str!("../../schema/001_initial.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../schema/001_initial.sql"),
+    include_str!("../../schema/002_queues.sql"),
+];
 
 /// The schema version this binary writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -49,6 +56,8 @@ pub struct StoreOptions {
     pub cache_mib: u32,
     /// How long a write waits for another process's write lock. Default 5 s.
     pub busy_timeout: Duration,
+    /// The clock for leases, backoff and timestamps. Default the system clock.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for StoreOptions {
@@ -58,6 +67,7 @@ impl Default for StoreOptions {
             durability: Durability::Full,
             cache_mib: 64,
             busy_timeout: Duration::from_secs(5),
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -69,8 +79,18 @@ impl Default for StoreOptions {
 pub struct Store {
     conn: Connection,
     options: StoreOptions,
-    names: Names,
+    ctx: Ctx,
     path: Option<PathBuf>,
+}
+
+/// State a store keeps between transactions.
+pub(crate) struct Ctx {
+    /// Type and role ids.
+    pub(crate) names: Names,
+    /// Queue declarations, as of the `queues` counter they were read at.
+    pub(crate) queues: Option<Arc<queue::QueueDefs>>,
+    /// Randomness for lease tokens and backoff jitter.
+    pub(crate) rng: fastrand::Rng,
 }
 
 impl Store {
@@ -132,7 +152,11 @@ impl Store {
         Ok(Store {
             conn,
             options,
-            names: Names::default(),
+            ctx: Ctx {
+                names: Names::default(),
+                queues: None,
+                rng: fastrand::Rng::new(),
+            },
             path,
         })
     }
@@ -156,20 +180,24 @@ impl Store {
     pub fn write<T>(&mut self, f: impl FnOnce(&mut Writer<'_>) -> Result<T>) -> Result<T> {
         // Names numbered by a transaction that never committed (an error or a panic in
         // an earlier `f`) must not be reused.
-        self.names.rollback();
+        self.ctx.names.rollback();
         let result = (|| {
             let tx = rusqlite::Transaction::new(
                 &mut self.conn,
                 rusqlite::TransactionBehavior::Immediate,
             )?;
-            let mut writer = Writer::new(tx, &mut self.names, self.options.max_held);
+            let mut writer = Writer::new(tx, &mut self.ctx, &self.options);
             let value = f(&mut writer)?;
             writer.commit()?;
             Ok(value)
         })();
         match result {
-            Ok(_) => self.names.commit(),
-            Err(_) => self.names.rollback(),
+            Ok(_) => self.ctx.names.commit(),
+            Err(_) => {
+                self.ctx.names.rollback();
+                // Declarations read inside a rolled-back transaction may be wrong.
+                self.ctx.queues = None;
+            }
         }
         result
     }

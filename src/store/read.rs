@@ -204,14 +204,14 @@ impl Store {
             return Ok(Vec::new());
         };
         let role_id = match role {
-            Some(r) => match self.names.lookup(&self.conn, Kind::Role, r)? {
+            Some(r) => match self.ctx.names.lookup(&self.conn, Kind::Role, r)? {
                 Some(id) => Some(id),
                 None => return Ok(Vec::new()),
             },
             None => None,
         };
         let type_id = match type_name {
-            Some(t) => match self.names.lookup(&self.conn, Kind::Type, t)? {
+            Some(t) => match self.ctx.names.lookup(&self.conn, Kind::Type, t)? {
                 Some(id) => Some(id),
                 None => return Ok(Vec::new()),
             },
@@ -286,7 +286,7 @@ impl Store {
     /// # Errors
     /// [`Error::Corrupt`], [`Error::Sqlite`].
     pub fn facts_of_type(&self, type_name: &str) -> Result<Vec<Fact>> {
-        let Some(type_id) = self.names.lookup(&self.conn, Kind::Type, type_name)? else {
+        let Some(type_id) = self.ctx.names.lookup(&self.conn, Kind::Type, type_name)? else {
             return Ok(Vec::new());
         };
         self.facts_where(

@@ -1,15 +1,16 @@
 //! Writes: idempotent insert, holding facts whose ancestors are missing, and releasing
 //! them (cascading) in the transaction that completes their ancestry.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use rusqlite::{OptionalExtension, Transaction, params};
 
-use super::names::{Kind, Names};
+use super::names::Kind;
+use super::{Ctx, StoreOptions};
+use crate::clock::Clock;
 use crate::dag;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::{FactHash, HashPrefix};
+use std::sync::Arc;
 
 /// What became of one inserted fact.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,9 +86,12 @@ impl BatchReport {
 /// A write transaction on a store. Everything written through it commits together when
 /// the closure given to [`crate::Store::write`] returns `Ok`; dropping it rolls back.
 pub struct Writer<'a> {
-    tx: Transaction<'a>,
-    names: &'a mut Names,
+    pub(crate) tx: Transaction<'a>,
+    pub(crate) ctx: &'a mut Ctx,
+    pub(crate) clock: Arc<dyn Clock>,
     max_held: u64,
+    /// Whether the queue declarations were checked for this transaction.
+    pub(crate) queues_checked: bool,
     /// The held count as of this transaction, read lazily from the counter table.
     held: Option<i64>,
     /// The held count when first read, to write back only a change.
@@ -95,11 +99,13 @@ pub struct Writer<'a> {
 }
 
 impl<'a> Writer<'a> {
-    pub(crate) fn new(tx: Transaction<'a>, names: &'a mut Names, max_held: u64) -> Writer<'a> {
+    pub(crate) fn new(tx: Transaction<'a>, ctx: &'a mut Ctx, options: &StoreOptions) -> Writer<'a> {
         Writer {
             tx,
-            names,
-            max_held,
+            ctx,
+            clock: options.clock.clone(),
+            max_held: options.max_held,
+            queues_checked: false,
             held: None,
             held_at_start: 0,
         }
@@ -235,7 +241,7 @@ impl<'a> Writer<'a> {
                 &hash.0[..],
                 fact.canonical_bytes(),
                 missing.len() as i64,
-                now_ms()
+                self.clock.now_ms()
             ])?;
         let mut wait = self
             .tx
@@ -250,19 +256,20 @@ impl<'a> Writer<'a> {
 
     /// Writes a fact whose predecessors are all released; returns its sequence number.
     fn insert_released(&mut self, fact: &Fact, preds: &[(&str, i64)]) -> Result<i64> {
-        let type_id = self.names.id(&self.tx, Kind::Type, fact.type_name())?;
+        let type_id = self.ctx.names.id(&self.tx, Kind::Type, fact.type_name())?;
         self.tx
             .prepare_cached("INSERT INTO fact (hash, type_id, bytes) VALUES (?1, ?2, ?3)")?
             .execute(params![&fact.hash().0[..], type_id, fact.canonical_bytes()])?;
         let seq = self.tx.last_insert_rowid();
         for (role, pred) in preds {
-            let role_id = self.names.id(&self.tx, Kind::Role, role)?;
+            let role_id = self.ctx.names.id(&self.tx, Kind::Role, role)?;
             self.tx
                 .prepare_cached(
                     "INSERT INTO edge (predecessor, role_id, successor) VALUES (?1, ?2, ?3)",
                 )?
                 .execute(params![pred, role_id, seq])?;
         }
+        self.queue_on_release(fact, seq, None)?;
         Ok(seq)
     }
 
@@ -344,11 +351,4 @@ impl<'a> Writer<'a> {
     pub fn resolve_prefix(&self, prefix: &HashPrefix) -> Result<FactHash> {
         super::read::resolve_prefix(&self.tx, prefix)
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
