@@ -49,6 +49,7 @@ pub mod hash;
 pub mod json;
 pub mod queue;
 pub mod store;
+pub mod sync;
 
 pub use error::{Error, Result};
 pub use fact::{Fact, FactBuilder, Fields, Predecessors, Value};

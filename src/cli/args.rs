@@ -94,6 +94,15 @@ pub enum Command {
     Stats,
     /// Build a small shop in the database, delivered out of order, and narrate it.
     Demo,
+    /// Serve this database to other nodes over HTTP (sync protocol v1) until SIGINT/SIGTERM.
+    Serve(crate::cli::sync::ServeArgs),
+    /// Sync with a node served by `precedent serve`: pull, fetch missing ancestors, push.
+    Sync(crate::cli::sync::SyncArgs),
+    /// List the nodes this database syncs with: bookmarks, last sync, lag, last error.
+    Peers,
+    /// Records refused at the door by sync (failed decoding or hashing).
+    #[command(subcommand)]
+    Poison(crate::cli::sync::PoisonCommand),
 }
 
 /// A fact stream format.

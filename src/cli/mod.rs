@@ -17,6 +17,7 @@ mod facts;
 mod import;
 mod inspect;
 mod records;
+mod sync;
 
 use std::fmt;
 use std::io::{self, IsTerminal};
@@ -42,6 +43,8 @@ pub mod exit {
     pub const NOT_FOUND: u8 = 3;
     /// Database error: schema too new, SQLite, corruption, i/o.
     pub const DATABASE: u8 = 4;
+    /// Sync error: a peer unreachable, refusing (401, 403, a limit) or off-protocol.
+    pub const PEER: u8 = 5;
 }
 
 /// The exit code for each library error. The one place where this mapping lives.
@@ -56,6 +59,8 @@ pub fn exit_code(err: &Error) -> u8 {
         Error::NotFound { .. } | Error::UnknownPrefix { .. } | Error::AmbiguousPrefix { .. } => {
             exit::NOT_FOUND
         }
+        Error::Transport { .. } | Error::Remote { .. } | Error::Protocol { .. } => exit::PEER,
+        Error::SyncConfig { .. } => exit::INVALID,
         Error::SchemaTooNew { .. } | Error::Corrupt { .. } | Error::Sqlite(_) | Error::Io(_) => {
             exit::DATABASE
         }
@@ -157,6 +162,10 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Verify => inspect::verify(&global),
         Command::Stats => inspect::stats(&global),
         Command::Demo => demo::demo(&global),
+        Command::Serve(a) => sync::serve(&global, a),
+        Command::Sync(a) => sync::sync(&global, a),
+        Command::Peers => sync::peers(&global),
+        Command::Poison(c) => sync::poison(&global, c),
     };
     match result {
         Ok(Status::Ok) => ExitCode::from(exit::OK),

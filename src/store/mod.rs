@@ -6,6 +6,7 @@
 mod names;
 mod queue;
 mod read;
+mod sync;
 mod verify;
 mod work;
 mod write;
@@ -21,6 +22,7 @@ use names::Names;
 use std::sync::Arc;
 
 pub use read::{HeldFact, Stats, StoredFact};
+pub use sync::{PeerState, Quarantined, SetDigest};
 pub use verify::{Problem, VerifyReport};
 pub use write::{BatchReport, InsertOutcome, Writer};
 
@@ -28,6 +30,7 @@ pub use write::{BatchReport, InsertOutcome, Writer};
 const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/001_initial.sql"),
     include_str!("../../schema/002_queues.sql"),
+    include_str!("../../schema/003_sync.sql"),
 ];
 
 /// The schema version this binary writes.

@@ -1,0 +1,430 @@
+//! `serve`, `sync`, `peers` and `poison`: moving facts between nodes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use precedent::FactHash;
+use precedent::sync::auth::Tokens;
+use precedent::sync::client::{Client, ClientOptions, Direction, Phase, SyncOptions, SyncReport};
+use precedent::sync::server::{Limits, ServerConfig, serve_until_signal};
+use precedent::sync::wire::DEFAULT_PORT;
+use serde_json::json;
+
+use super::{Failure, Global, Status, exit};
+
+/// `precedent serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port, printed on start).
+    #[arg(long, value_name = "ADDR", default_value_t = SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)))]
+    pub listen: SocketAddr,
+    /// Token file (JSON, see docs/protocol.md); without it every request may read and write.
+    #[arg(long, value_name = "FILE")]
+    pub tokens: Option<PathBuf>,
+    /// PEM certificate chain: serve HTTPS (needs --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Largest request body in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_body_bytes)]
+    pub max_body_bytes: usize,
+    /// Most records per push or hashes per fetch; also the largest pull page.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_facts_per_request)]
+    pub max_facts_per_request: u64,
+    /// Most facts pushed by one peer that may wait here for ancestors at once.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_held_per_peer)]
+    pub max_held_per_peer: u64,
+    /// Seconds a request may take before its answer starts.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub request_timeout: u64,
+    /// Most connections open at once.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections)]
+    pub max_connections: usize,
+}
+
+/// `precedent sync`.
+#[derive(Args, Debug)]
+pub struct SyncArgs {
+    /// The peer's base URL, e.g. http://127.0.0.1:7341.
+    pub url: String,
+    /// Only pull (and fetch missing ancestors).
+    #[arg(long, conflicts_with = "push")]
+    pub pull: bool,
+    /// Only push.
+    #[arg(long)]
+    pub push: bool,
+    /// Keep syncing as new facts appear, until SIGINT/SIGTERM.
+    #[arg(long)]
+    pub follow: bool,
+    /// Pull only the facts below this root (repeatable): its descendants and their ancestors.
+    #[arg(long = "root", value_name = "HASH")]
+    pub roots: Vec<String>,
+    /// Bearer token.
+    #[arg(long, env = "PRECEDENT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// PEM certificate to trust for an https peer (a self-signed server).
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// Facts per page and per push.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub batch: u64,
+}
+
+/// `precedent poison ...`.
+#[derive(Subcommand, Debug)]
+pub enum PoisonCommand {
+    /// List quarantined records, newest first.
+    List {
+        /// Show at most N.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+    },
+    /// Show one quarantined record: where it came from, why, and its bytes in hex.
+    Show {
+        /// The record's id (from `poison list`).
+        id: i64,
+        /// Write the raw bytes to stdout instead.
+        #[arg(long)]
+        raw: bool,
+    },
+}
+
+pub fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<Status> {
+    drop(g.open(true)?);
+    let tokens = match &a.tokens {
+        Some(p) => Tokens::from_file(p)?,
+        None => Tokens::open(),
+    };
+    let mut config = ServerConfig::new(&g.db);
+    config.listen = a.listen;
+    config.store_options.max_held = g.max_held();
+    config.tokens = tokens;
+    config.tls = a.tls_cert.zip(a.tls_key);
+    config.limits = Limits {
+        max_body_bytes: a.max_body_bytes,
+        max_facts_per_request: a.max_facts_per_request.max(1),
+        max_held_per_peer: a.max_held_per_peer,
+        request_timeout: Duration::from_secs(a.request_timeout.max(1)),
+        max_connections: a.max_connections.max(1),
+        ..Limits::default()
+    };
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let open = config.tokens.is_open();
+    serve_until_signal(config, |addr| {
+        // One line a script can wait for; stderr so stdout stays clean.
+        eprintln!("listening on {scheme}://{addr}");
+        if open {
+            eprintln!("no --tokens: every request may read and write");
+        }
+    })?;
+    eprintln!("stopped");
+    Ok(Status::Ok)
+}
+
+fn parse_roots(store: &precedent::Store, roots: &[String]) -> anyhow::Result<Vec<FactHash>> {
+    roots
+        .iter()
+        .map(|r| {
+            let p = precedent::HashPrefix::parse(r)?;
+            match p.full() {
+                Some(h) => Ok(h),
+                None => Ok(store.resolve(r)?),
+            }
+        })
+        .collect()
+}
+
+pub fn sync(g: &Global, a: SyncArgs) -> anyhow::Result<Status> {
+    let mut store = g.open(true)?;
+    let ca_cert_pem = match &a.ca_cert {
+        Some(p) => Some(std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?),
+        None => None,
+    };
+    let client = Client::new(
+        &a.url,
+        ClientOptions {
+            token: a.token.clone(),
+            ca_cert_pem,
+            batch: a.batch.max(1),
+            ..ClientOptions::default()
+        },
+    )?;
+    let options = SyncOptions {
+        direction: match (a.pull, a.push) {
+            (true, _) => Direction::Pull,
+            (_, true) => Direction::Push,
+            _ => Direction::Both,
+        },
+        roots: parse_roots(&store, &a.roots)?,
+    };
+    if a.follow {
+        return follow(g, &client, &mut store, &options);
+    }
+    let bar = super::progress(None, "sync");
+    let report = client.sync(&mut store, &options, &mut |p| {
+        let phase = match p.phase {
+            Phase::Pull => "pulled",
+            Phase::Fetch => "fetched",
+            Phase::Push => "pushed",
+        };
+        bar.set_message(format!("{phase} {} of about {}", p.done, p.total));
+    });
+    bar.finish_and_clear();
+    let report = report?;
+    print_report(g, &report)?;
+    Ok(if report.quarantined > 0 {
+        Status::Problems
+    } else {
+        Status::Ok
+    })
+}
+
+fn follow(
+    g: &Global,
+    client: &Client,
+    store: &mut precedent::Store,
+    options: &SyncOptions,
+) -> anyhow::Result<Status> {
+    let stop = Arc::new(AtomicBool::new(false));
+    stop_on_signal(stop.clone());
+    let json = g.json;
+    client.follow(
+        store,
+        options,
+        Duration::from_secs(25),
+        &stop,
+        &mut |r| match r {
+            Ok(rep) if rep.pulled + rep.pushed + rep.fetched > 0 => {
+                if json {
+                    println!("{}", report_json(rep));
+                } else {
+                    eprintln!(
+                        "pulled {}, fetched {}, pushed {}, held {}",
+                        rep.pulled, rep.fetched, rep.pushed, rep.held
+                    );
+                }
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("error: {e} (retrying)"),
+        },
+    )?;
+    Ok(Status::Ok)
+}
+
+/// Sets `stop` on SIGINT or SIGTERM, so the loop ends after the round in progress. A
+/// round may be waiting on the server for up to 25 s, so if it has not ended 2 s later the
+/// process exits: every committed page is kept and its bookmark with it, so nothing is lost.
+fn stop_on_signal(stop: Arc<AtomicBool>) {
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                return;
+            };
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            std::process::exit(0);
+        });
+    });
+}
+
+fn report_json(r: &SyncReport) -> serde_json::Value {
+    json!({
+        "pulled": r.pulled,
+        "fetched": r.fetched,
+        "pushed": r.pushed,
+        "inserted": r.inserted,
+        "released": r.released,
+        "duplicates": r.duplicates,
+        "held": r.held,
+        "quarantined": r.quarantined,
+        "remote_seq": r.remote_seq,
+    })
+}
+
+fn print_report(g: &Global, r: &SyncReport) -> anyhow::Result<()> {
+    if g.json {
+        say!("{}", report_json(r));
+    } else {
+        say!(
+            "pulled {}, fetched {}, pushed {}; inserted {}, released {}, duplicates {}, held {}, quarantined {}",
+            r.pulled,
+            r.fetched,
+            r.pushed,
+            r.inserted,
+            r.released,
+            r.duplicates,
+            r.held,
+            r.quarantined
+        );
+    }
+    Ok(())
+}
+
+pub fn peers(g: &Global) -> anyhow::Result<Status> {
+    let store = g.open(false)?;
+    let peers = store.peers()?;
+    if g.json {
+        for p in &peers {
+            say!(
+                "{}",
+                json!({
+                    "url": p.url,
+                    "pull_after": p.pull_after,
+                    "push_after": p.push_after,
+                    "remote_seq": p.remote_seq,
+                    "lag": p.lag(),
+                    "last_sync_ms": p.last_sync_ms,
+                    "last_error": p.last_error,
+                })
+            );
+        }
+        return Ok(Status::Ok);
+    }
+    if peers.is_empty() {
+        say!("no peers: this database has not synced with any node");
+        return Ok(Status::Ok);
+    }
+    say!(
+        "{:<40}  {:>10}  {:>10}  {:>8}  {:<24}  last error",
+        "peer",
+        "pulled to",
+        "pushed to",
+        "lag",
+        "last sync (utc)"
+    );
+    for p in &peers {
+        let when = p
+            .last_sync_ms
+            .map(format_ms)
+            .unwrap_or_else(|| "never".into());
+        say!(
+            "{:<40}  {:>10}  {:>10}  {:>8}  {:<24}  {}",
+            p.url,
+            p.pull_after,
+            p.push_after,
+            p.lag(),
+            when,
+            p.last_error.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(Status::Ok)
+}
+
+/// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC), without a date crate.
+fn format_ms(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+pub fn poison(g: &Global, c: PoisonCommand) -> anyhow::Result<Status> {
+    let store = g.open(false)?;
+    match c {
+        PoisonCommand::List { limit } => {
+            let list = store.quarantine(limit)?;
+            if g.json {
+                for q in &list {
+                    say!(
+                        "{}",
+                        json!({"id": q.id, "peer": q.peer, "received_ms": q.received_ms,
+                               "reason": q.reason, "bytes": q.bytes.len()})
+                    );
+                }
+                return Ok(Status::Ok);
+            }
+            if list.is_empty() {
+                say!("no quarantined records");
+                return Ok(Status::Ok);
+            }
+            say!(
+                "{:>6}  {:<20}  {:<19}  {:>8}  reason",
+                "id",
+                "peer",
+                "received (utc)",
+                "bytes"
+            );
+            for q in &list {
+                say!(
+                    "{:>6}  {:<20}  {:<19}  {:>8}  {}",
+                    q.id,
+                    q.peer,
+                    format_ms(q.received_ms),
+                    q.bytes.len(),
+                    q.reason
+                );
+            }
+            Ok(Status::Ok)
+        }
+        PoisonCommand::Show { id, raw } => {
+            let Some(q) = store.quarantined(id)? else {
+                return Err(Failure::error(
+                    exit::NOT_FOUND,
+                    format!("no quarantined record {id}"),
+                ));
+            };
+            if raw {
+                use std::io::Write;
+                std::io::stdout().write_all(&q.bytes)?;
+                return Ok(Status::Ok);
+            }
+            if g.json {
+                say!(
+                    "{}",
+                    json!({"id": q.id, "peer": q.peer, "received_ms": q.received_ms,
+                           "reason": q.reason, "bytes_hex": hex::encode(&q.bytes)})
+                );
+            } else {
+                say!("id        {}", q.id);
+                say!("peer      {}", q.peer);
+                say!("received  {}", format_ms(q.received_ms));
+                say!("reason    {}", q.reason);
+                say!(
+                    "bytes     {} ({} bytes)",
+                    hex::encode(&q.bytes),
+                    q.bytes.len()
+                );
+            }
+            Ok(Status::Ok)
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! Sync between nodes over HTTP: the wire format, a server and a client.
+//!
+//! A node serves its store with [`server::Server`]; another node runs a
+//! [`client::Client`] against it, which pulls the facts it has not seen (in the server's
+//! release order, after a per-peer bookmark), pushes its own, and fetches the ancestors
+//! of anything left held. Every record received is strictly decoded and re-hashed; a
+//! record that fails goes to the quarantine ([`crate::Store::quarantine`]), never to the
+//! fact tables. The protocol is specified in `docs/protocol.md`.
+//!
+//! ```no_run
+//! use precedent::Store;
+//! use precedent::sync::client::{Client, ClientOptions, SyncOptions};
+//!
+//! let mut store = Store::open("laptop.db")?;
+//! let client = Client::new("http://127.0.0.1:7341", ClientOptions::default())?;
+//! let report = client.sync(&mut store, &SyncOptions::default(), &mut |_| {})?;
+//! println!("pulled {} facts, pushed {}", report.pulled, report.pushed);
+//! # Ok::<(), precedent::Error>(())
+//! ```
+//!
+//! # Layout
+//! - [`wire`]: paths, headers, JSON bodies and the CBOR-sequence record reader shared by
+//!   both sides.
+//! - [`auth`]: the token file and what each token may do.
+//! - [`server`]: the axum/hyper server, its limits, metrics and graceful shutdown.
+//! - [`client`]: the blocking client and the sync loop with its bookmarks.
+
+pub mod auth;
+pub mod client;
+mod metrics;
+pub mod server;
+pub mod wire;

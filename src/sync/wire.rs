@@ -1,0 +1,270 @@
+//! What travels between nodes: paths, headers, content types, JSON bodies, and the reader
+//! that splits a CBOR sequence into records. `docs/protocol.md` is the specification;
+//! this module is its single implementation on both sides.
+
+use std::io::Read;
+
+use serde::{Deserialize, Serialize};
+
+use crate::encoding::item_len;
+use crate::error::Error;
+
+/// The protocol version, also the path prefix (`/v1/...`).
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The default TCP port of `precedent serve`.
+pub const DEFAULT_PORT: u16 = 7341;
+
+/// `GET`: liveness (no token needed).
+pub const PATH_HEALTH: &str = "/v1/health";
+/// `GET`: count, digest and highest sequence of the released fact set.
+pub const PATH_INFO: &str = "/v1/info";
+/// `GET`: pull a page of facts; `POST`: push facts.
+pub const PATH_FACTS: &str = "/v1/facts";
+/// `POST`: fetch facts by hash.
+pub const PATH_FETCH: &str = "/v1/fetch";
+/// `GET`: metrics in the Prometheus text format.
+pub const PATH_METRICS: &str = "/metrics";
+
+/// A CBOR sequence (RFC 8742): canonical fact encodings back to back.
+pub const CBOR_SEQ: &str = "application/cbor-seq";
+/// JSON bodies: push reports, info, fetch requests and every error.
+pub const JSON: &str = "application/json";
+
+/// Pull answer: the server sequence of the last fact in the page (the next bookmark).
+pub const HEADER_THROUGH: &str = "precedent-through";
+/// Pull and fetch answers: how many records the body holds.
+pub const HEADER_COUNT: &str = "precedent-count";
+/// Pull answer: the server's highest release sequence when the page was cut.
+pub const HEADER_MAX_SEQ: &str = "precedent-max-seq";
+
+/// The body of every error answer.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    /// A stable code (`unauthorized`, `forbidden`, `too_many_facts`, ...).
+    pub error: String,
+    /// A sentence for people.
+    pub message: String,
+}
+
+/// The answer to `GET /v1/info`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Info {
+    /// The protocol version the server speaks.
+    pub protocol: u32,
+    /// Released facts.
+    pub count: u64,
+    /// XOR of the hashes of all released facts, 64 hex digits.
+    pub digest: String,
+    /// The highest release sequence the digest covers.
+    pub max_seq: i64,
+    /// Held facts.
+    pub held: u64,
+}
+
+/// One record of a push that was refused, with its position in the body.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Rejected {
+    /// Zero-based index of the record in the pushed sequence.
+    pub index: u64,
+    /// Why it was refused (it is in the server's quarantine).
+    pub reason: String,
+}
+
+/// The answer to a push (`POST /v1/facts`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PushReport {
+    /// Records in the body.
+    pub received: u64,
+    /// New facts released on arrival.
+    pub inserted: u64,
+    /// Facts the server already had (or given twice).
+    pub duplicates: u64,
+    /// New facts held for missing ancestors.
+    pub held: u64,
+    /// Facts released by this push, earlier held ones included.
+    pub released: u64,
+    /// Records that failed decoding or hashing (quarantined, not stored).
+    pub rejected: Vec<Rejected>,
+    /// Valid facts refused because the server's held-fact bound is reached.
+    pub refused: Vec<String>,
+    /// Hashes that held facts on the server wait for and that it does not have at all
+    /// (at most 1,000).
+    pub missing: Vec<String>,
+}
+
+/// The body of `POST /v1/fetch`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FetchRequest {
+    /// The hashes wanted, 64 hex digits each.
+    pub hashes: Vec<String>,
+}
+
+/// The answer to `GET /v1/health`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Health {
+    /// Always `ok` when the server answers.
+    pub status: String,
+    /// The protocol version.
+    pub protocol: u32,
+}
+
+/// A record that could not be split off a CBOR sequence: the rest of the stream cannot be
+/// framed, so it is reported (and quarantined) as one record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FramingError {
+    /// Why the bytes cannot start a record.
+    pub reason: String,
+    /// The input ended inside a record (a cut stream), rather than holding bytes that can
+    /// never be a record.
+    pub truncated: bool,
+    /// The bytes from the broken record to the end of the input (at most 1 MiB kept).
+    pub bytes: Vec<u8>,
+}
+
+/// Most bytes of an unframeable tail kept for the quarantine.
+const MAX_KEPT_TAIL: usize = 1 << 20;
+
+/// Splits a CBOR sequence held in memory into its records. A record that cannot be framed
+/// ends the split: it and everything after it come back as one `Err`.
+pub fn split_records(buf: &[u8]) -> Vec<Result<&[u8], FramingError>> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < buf.len() {
+        match item_len(&buf[pos..]) {
+            Ok(Some(n)) => {
+                out.push(Ok(&buf[pos..pos + n]));
+                pos += n;
+            }
+            Ok(None) => {
+                out.push(Err(tail(
+                    "truncated record at end of body".into(),
+                    true,
+                    &buf[pos..],
+                )));
+                break;
+            }
+            Err(e) => {
+                out.push(Err(tail(e.to_string(), false, &buf[pos..])));
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn tail(reason: String, truncated: bool, bytes: &[u8]) -> FramingError {
+    FramingError {
+        reason,
+        truncated,
+        bytes: bytes[..bytes.len().min(MAX_KEPT_TAIL)].to_vec(),
+    }
+}
+
+/// Reads the records of a CBOR sequence from a stream, one at a time, with memory bounded
+/// by the largest record (1 MiB) plus a read buffer.
+pub struct RecordReader<R> {
+    inner: R,
+    buf: Vec<u8>,
+    start: usize,
+    eof: bool,
+    failed: bool,
+}
+
+impl<R: Read> RecordReader<R> {
+    /// A reader over `inner`.
+    pub fn new(inner: R) -> RecordReader<R> {
+        RecordReader {
+            inner,
+            buf: Vec::with_capacity(64 * 1024),
+            start: 0,
+            eof: false,
+            failed: false,
+        }
+    }
+
+    /// The next record: `Ok(Some(Ok(bytes)))`, `Ok(Some(Err(..)))` for an unframeable
+    /// tail (the last item), `Ok(None)` at the end, `Err` for an I/O error.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the stream breaks.
+    pub fn next_record(&mut self) -> Result<Option<Result<Vec<u8>, FramingError>>, Error> {
+        if self.failed {
+            return Ok(None);
+        }
+        loop {
+            let pending = &self.buf[self.start..];
+            if !pending.is_empty() {
+                match item_len(pending) {
+                    Ok(Some(n)) => {
+                        let rec = pending[..n].to_vec();
+                        self.start += n;
+                        return Ok(Some(Ok(rec)));
+                    }
+                    Ok(None) if self.eof => {
+                        self.failed = true;
+                        let reason = "truncated record at end of stream".to_string();
+                        return Ok(Some(Err(tail(reason, true, pending))));
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.failed = true;
+                        return Ok(Some(Err(tail(e.to_string(), false, pending))));
+                    }
+                }
+            } else if self.eof {
+                return Ok(None);
+            }
+            self.fill()?;
+        }
+    }
+
+    fn fill(&mut self) -> Result<(), Error> {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        let old = self.buf.len();
+        self.buf.resize(old + 64 * 1024, 0);
+        let n = loop {
+            match self.inner.read(&mut self.buf[old..]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.buf.truncate(old);
+                    return Err(Error::Io(e));
+                }
+            }
+        };
+        self.buf.truncate(old + n);
+        if n == 0 {
+            self.eof = true;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Fact;
+
+    #[test]
+    fn splits_and_reads_the_same_records() {
+        let a = Fact::builder("A").field("n", 1).build().unwrap();
+        let b = Fact::builder("B").field("n", 2).build().unwrap();
+        let mut body = a.canonical_bytes().to_vec();
+        body.extend_from_slice(b.canonical_bytes());
+        body.extend_from_slice(&[0xbf, 0x00]);
+        let split = split_records(&body);
+        assert_eq!(split.len(), 3);
+        assert_eq!(split[0].as_ref().unwrap(), &a.canonical_bytes());
+        assert!(split[2].is_err());
+        let mut reader = RecordReader::new(&body[..]);
+        let mut n = 0;
+        while let Some(r) = reader.next_record().unwrap() {
+            assert_eq!(r.is_ok(), n < 2);
+            n += 1;
+        }
+        assert_eq!(n, 3);
+    }
+}
