@@ -18,7 +18,8 @@ use crate::hash::FactHash;
 /// export, say) keeps its order exactly, and a reversed batch comes out in the original
 /// order. Cost: O(n log n + edges).
 pub fn release_order(batch: Vec<Fact>) -> Vec<Fact> {
-    let mut index: HashMap<FactHash, NodeIndex> = HashMap::with_capacity(batch.len());
+    let mut index: HashMap<FactHash, NodeIndex, BuildFactHasher> =
+        HashMap::with_capacity_and_hasher(batch.len(), BuildFactHasher);
     let mut graph: DiGraph<Option<Fact>, ()> = DiGraph::with_capacity(batch.len(), batch.len());
     for fact in batch {
         index
@@ -80,6 +81,52 @@ pub fn release_order(batch: Vec<Fact>) -> Vec<Fact> {
     out
 }
 
+/// Whether a batch is already duplicate-free and parent-before-child, so that
+/// [`release_order`] would return it unchanged. One pass over the batch.
+pub fn is_release_ordered(batch: &[Fact]) -> bool {
+    let mut position: HashMap<FactHash, usize, BuildFactHasher> =
+        HashMap::with_capacity_and_hasher(batch.len(), BuildFactHasher);
+    for (i, fact) in batch.iter().enumerate() {
+        if position.insert(fact.hash(), i).is_some() {
+            return false;
+        }
+    }
+    batch.iter().enumerate().all(|(i, fact)| {
+        fact.predecessors()
+            .values()
+            .flatten()
+            .all(|p| position.get(p).is_none_or(|&at| at < i))
+    })
+}
+
+/// Hashes a [`FactHash`] by its first 8 bytes: they are already uniformly distributed, so
+/// running SipHash over all 32 would only cost time.
+#[derive(Clone, Copy, Default)]
+struct BuildFactHasher;
+
+#[derive(Default)]
+struct FactHasher(u64);
+
+impl std::hash::BuildHasher for BuildFactHasher {
+    type Hasher = FactHasher;
+    fn build_hasher(&self) -> FactHasher {
+        FactHasher(0)
+    }
+}
+
+impl std::hash::Hasher for FactHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8).take(1) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.0 ^= u64::from_le_bytes(b);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +178,8 @@ mod tests {
         assert_eq!(out, mixed.iter().map(Fact::hash).collect::<Vec<_>>());
         let mut reversed = x.clone();
         reversed.reverse();
+        assert!(!is_release_ordered(&reversed));
+        assert!(!is_release_ordered(&[x[0].clone(), x[0].clone()]));
         let out: Vec<_> = release_order(reversed).iter().map(Fact::hash).collect();
         assert_eq!(out, x.iter().map(Fact::hash).collect::<Vec<_>>());
     }

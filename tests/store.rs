@@ -421,3 +421,17 @@ proptest! {
         prop_assert!(report.is_clean(), "{:?}", report.problems);
     }
 }
+
+#[test]
+fn a_batch_with_held_facts_and_their_missing_parent_releases_each_once() {
+    let mut s = Store::open_in_memory().unwrap();
+    let facts = chain(4);
+    s.insert_batch(vec![facts[2].clone(), facts[3].clone()])
+        .unwrap();
+    assert_eq!(s.held_count().unwrap(), 2);
+    // The parent comes with copies of the held facts, parents-first.
+    let r = s.insert_batch(facts[..4].to_vec()).unwrap();
+    assert_eq!((r.inserted, r.duplicates, r.released, r.held), (2, 2, 4, 0));
+    assert_eq!(s.stats().unwrap().released, 4);
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+}

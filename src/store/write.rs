@@ -150,6 +150,11 @@ impl<'a> Writer<'a> {
         if let Some(seq) = self.released_seq(&fact.hash())? {
             return Ok(InsertOutcome::Duplicate { seq: Some(seq) });
         }
+        self.insert_unreleased(fact)
+    }
+
+    /// Inserts a fact known not to be released (it may be held already).
+    fn insert_unreleased(&mut self, fact: &Fact) -> Result<InsertOutcome> {
         let mut preds = Vec::with_capacity(4);
         let mut missing = Vec::new();
         for (role, set) in fact.predecessors() {
@@ -178,28 +183,47 @@ impl<'a> Writer<'a> {
     /// [`Error::Sqlite`]; a fact refused by the held bound is listed in
     /// [`BatchReport::refused`] instead of failing the batch.
     pub fn insert_batch(&mut self, facts: Vec<Fact>) -> Result<BatchReport> {
-        let given = facts.len() as u64;
-        let ordered = dag::release_order(facts);
-        let mut report = BatchReport {
-            duplicates: given - ordered.len() as u64,
-            ..BatchReport::default()
+        let mut report = BatchReport::default();
+        // Facts already released are dropped first, so a re-delivered batch costs one
+        // lookup per fact and no ordering work.
+        let mut fresh = Vec::with_capacity(facts.len());
+        for fact in facts {
+            if self.released_seq(&fact.hash())?.is_some() {
+                report.duplicates += 1;
+            } else {
+                fresh.push(fact);
+            }
+        }
+        let given = fresh.len() as u64;
+        let ordered = if dag::is_release_ordered(&fresh) {
+            fresh
+        } else {
+            dag::release_order(fresh)
         };
-        let mut held_here = Vec::new();
+        report.duplicates += given - ordered.len() as u64;
+        // A fact checked above can only have been released since by a cascade, and a
+        // cascade needs held facts: while there are none, the check need not be repeated.
+        let mut may_cascade = self.held_count()? > 0;
         for fact in &ordered {
-            match self.insert(fact) {
+            let outcome = if may_cascade {
+                self.insert(fact)
+            } else {
+                self.insert_unreleased(fact)
+            };
+            match outcome {
                 Ok(InsertOutcome::Inserted { released, .. }) => {
                     report.inserted += 1;
                     report.released += released;
                 }
                 Ok(InsertOutcome::Duplicate { .. }) => report.duplicates += 1,
-                Ok(InsertOutcome::Held { .. }) => held_here.push(fact.hash()),
+                // The batch is parents-first, so nothing later in it can release this
+                // fact: its missing ancestors are outside the batch.
+                Ok(InsertOutcome::Held { .. }) => {
+                    report.held += 1;
+                    may_cascade = true;
+                }
                 Err(Error::HeldLimit { hash, .. }) => report.refused.push(hash),
                 Err(e) => return Err(e),
-            }
-        }
-        for hash in held_here {
-            if self.released_seq(&hash)?.is_none() {
-                report.held += 1;
             }
         }
         Ok(report)
@@ -223,19 +247,21 @@ impl<'a> Writer<'a> {
 
     fn hold(&mut self, fact: &Fact, missing: Vec<FactHash>) -> Result<InsertOutcome> {
         let hash = fact.hash();
-        if self.is_held(&hash)? {
-            return Ok(InsertOutcome::Duplicate { seq: None });
-        }
         let held = self.held_count()?;
         if held as u64 >= self.max_held {
+            if self.is_held(&hash)? {
+                return Ok(InsertOutcome::Duplicate { seq: None });
+            }
             return Err(Error::HeldLimit {
                 limit: self.max_held,
                 hash,
             });
         }
-        self.tx
+        let added = self
+            .tx
             .prepare_cached(
-                "INSERT INTO held (hash, bytes, missing, held_at) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO held (hash, bytes, missing, held_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (hash) DO NOTHING",
             )?
             .execute(params![
                 &hash.0[..],
@@ -243,6 +269,9 @@ impl<'a> Writer<'a> {
                 missing.len() as i64,
                 self.clock.now_ms()
             ])?;
+        if added == 0 {
+            return Ok(InsertOutcome::Duplicate { seq: None });
+        }
         let mut wait = self
             .tx
             .prepare_cached("INSERT INTO held_wait (missing, waiter) VALUES (?1, ?2)")?;
@@ -283,16 +312,21 @@ impl<'a> Writer<'a> {
         let mut stack = vec![first];
         while let Some(arrived) = stack.pop() {
             for waiter in self.take_waiters(&arrived)? {
-                let left: i64 = self
+                let (missing, bytes): (i64, Vec<u8>) = self
                     .tx
-                    .prepare_cached(
-                        "UPDATE held SET missing = missing - 1 WHERE hash = ?1 AND missing > 1 RETURNING missing",
-                    )?
-                    .query_row([&waiter.0[..]], |r| r.get(0))
+                    .prepare_cached("SELECT missing, bytes FROM held WHERE hash = ?1")?
+                    .query_row([&waiter.0[..]], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()?
-                    .unwrap_or(0);
-                if left == 0 {
-                    self.release_held(&waiter)?;
+                    .ok_or_else(|| Error::Corrupt {
+                        hash: waiter,
+                        reason: "waits in held_wait but has no held row".into(),
+                    })?;
+                if missing > 1 {
+                    self.tx
+                        .prepare_cached("UPDATE held SET missing = missing - 1 WHERE hash = ?1")?
+                        .execute([&waiter.0[..]])?;
+                } else {
+                    self.release_held(&waiter, &bytes)?;
                     released += 1;
                     stack.push(waiter);
                 }
@@ -305,7 +339,7 @@ impl<'a> Writer<'a> {
     fn take_waiters(&mut self, arrived: &FactHash) -> Result<Vec<FactHash>> {
         let waiters = self
             .tx
-            .prepare_cached("DELETE FROM held_wait WHERE missing = ?1 RETURNING waiter")?
+            .prepare_cached("SELECT waiter FROM held_wait WHERE missing = ?1")?
             .query_map([&arrived.0[..]], |r| r.get::<_, Vec<u8>>(0))?
             .map(|b| {
                 let b = b?;
@@ -315,17 +349,21 @@ impl<'a> Writer<'a> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        if !waiters.is_empty() {
+            self.tx
+                .prepare_cached("DELETE FROM held_wait WHERE missing = ?1")?
+                .execute([&arrived.0[..]])?;
+        }
         Ok(waiters)
     }
 
     /// Moves a held fact whose ancestors are now all released into the fact table.
-    fn release_held(&mut self, hash: &FactHash) -> Result<()> {
-        let bytes: Vec<u8> = self
-            .tx
-            .prepare_cached("DELETE FROM held WHERE hash = ?1 RETURNING bytes")?
-            .query_row([&hash.0[..]], |r| r.get(0))?;
+    fn release_held(&mut self, hash: &FactHash, bytes: &[u8]) -> Result<()> {
+        self.tx
+            .prepare_cached("DELETE FROM held WHERE hash = ?1")?
+            .execute([&hash.0[..]])?;
         let fact =
-            crate::encoding::decode_fact(&bytes, Some(*hash)).map_err(|e| Error::Corrupt {
+            crate::encoding::decode_fact(bytes, Some(*hash)).map_err(|e| Error::Corrupt {
                 hash: *hash,
                 reason: format!("held bytes do not decode: {e}"),
             })?;
