@@ -100,9 +100,19 @@ pub enum Command {
     Sync(crate::cli::sync::SyncArgs),
     /// List the nodes this database syncs with: bookmarks, last sync, lag, last error.
     Peers,
-    /// Records refused at the door by sync (failed decoding or hashing).
+    /// Poison: records refused at the door by sync (failed decoding or hashing), and
+    /// (`poison queue ...`) inputs of a work queue that no retry can fix.
     #[command(subcommand)]
-    Poison(crate::cli::sync::PoisonCommand),
+    Poison(crate::cli::queue::PoisonGroup),
+    /// Work queues: declare, list, show, remove; counts, Prometheus metrics, alert checks.
+    #[command(subcommand)]
+    Queue(crate::cli::queue::QueueCommand),
+    /// Dead-lettered inputs of a work queue: list, show, redrive, discard.
+    #[command(subcommand)]
+    Dlq(crate::cli::queue::EntryCommand),
+    /// Run a command once per ready input of a queue: the fact as JSON on stdin, facts to
+    /// store with the completion as JSON Lines on stdout; exit 0 done, 75 retry, 65 poison.
+    Work(crate::cli::work::WorkArgs),
 }
 
 /// A fact stream format.

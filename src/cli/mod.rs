@@ -16,8 +16,10 @@ mod export;
 mod facts;
 mod import;
 mod inspect;
+mod queue;
 mod records;
 mod sync;
+mod work;
 
 use std::fmt;
 use std::io::{self, IsTerminal};
@@ -61,6 +63,10 @@ pub fn exit_code(err: &Error) -> u8 {
         }
         Error::Transport { .. } | Error::Remote { .. } | Error::Protocol { .. } => exit::PEER,
         Error::SyncConfig { .. } => exit::INVALID,
+        Error::UnknownQueue { .. } => exit::NOT_FOUND,
+        Error::Queue { .. } | Error::LeaseLost { .. } | Error::NotCompleted { .. } => {
+            exit::INVALID
+        }
         Error::SchemaTooNew { .. } | Error::Corrupt { .. } | Error::Sqlite(_) | Error::Io(_) => {
             exit::DATABASE
         }
@@ -165,7 +171,13 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Serve(a) => sync::serve(&global, a),
         Command::Sync(a) => sync::sync(&global, a),
         Command::Peers => sync::peers(&global),
-        Command::Poison(c) => sync::poison(&global, c),
+        Command::Poison(queue::PoisonGroup::Sync(c)) => sync::poison(&global, c),
+        Command::Poison(queue::PoisonGroup::Queue(c)) => {
+            queue::entries(&global, c, precedent::queue::ItemState::Poison)
+        }
+        Command::Queue(c) => queue::queue(&global, c),
+        Command::Dlq(c) => queue::entries(&global, c, precedent::queue::ItemState::Dead),
+        Command::Work(a) => work::work(&global, a),
     };
     match result {
         Ok(Status::Ok) => ExitCode::from(exit::OK),

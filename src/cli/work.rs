@@ -1,0 +1,416 @@
+//! `precedent work QUEUE -- COMMAND ARGS..`: a worker that runs a command per input.
+//!
+//! Each of `-j` threads opens its own [`Store`] on the database file (SQLite serialises
+//! the writers), claims a batch and runs the command once per input: the fact's JSON form
+//! on stdin, JSON Lines of facts on stdout. The facts and a completing fact are stored in
+//! the transaction that completes the input ([`Store::complete`]), so a crash at any
+//! moment either stores all of them or none and the input is handed out again.
+//!
+//! Exit statuses follow sysexits(3): 0 done, 75 (`EX_TEMPFAIL`) retry later, 65
+//! (`EX_DATAERR`) poison; anything else, a signal included, is a transient failure.
+
+use std::io::{Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use precedent::queue::{FailOutcome, Failure, Lease, QueueSpec};
+use precedent::{Error, Fact, Store, json};
+
+use super::queue::parse_duration;
+use super::{Global, Status};
+
+/// The options of `precedent work`.
+#[derive(Args, Debug)]
+pub struct WorkArgs {
+    /// The queue to work on.
+    pub queue: String,
+    /// Run up to N commands at once.
+    #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = 1)]
+    pub jobs: usize,
+    /// Claim up to N inputs at a time per job.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub batch: usize,
+    /// Process what is ready now, then exit (for tests and cron).
+    #[arg(long)]
+    pub once: bool,
+    /// How long to wait before looking again when nothing is ready.
+    #[arg(long, value_name = "DUR", default_value = "200ms", value_parser = parse_duration)]
+    pub poll: i64,
+    /// No line per input on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// What every job shares.
+struct Shared {
+    args: WorkArgs,
+    spec: QueueSpec,
+    db: PathBuf,
+    /// Set on SIGINT/SIGTERM: claim nothing more.
+    stop: Arc<AtomicBool>,
+    /// Jobs claiming or holding leases, for `--once`: a job stops when nothing is ready
+    /// and no other job holds work that could unblock more.
+    busy: AtomicUsize,
+}
+
+/// `precedent work`.
+pub fn work(g: &Global, args: WorkArgs) -> anyhow::Result<Status> {
+    let mut store = g.open(false)?;
+    let spec = store
+        .queues()?
+        .into_iter()
+        .find(|s| s.name == args.queue)
+        .ok_or_else(|| Error::UnknownQueue {
+            name: args.queue.clone(),
+        })?;
+    drop(store);
+    let db = std::fs::canonicalize(&g.db).unwrap_or_else(|_| g.db.clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    stop_on_signal(stop.clone());
+    let jobs = args.jobs.max(1);
+    let shared = Arc::new(Shared {
+        args,
+        spec,
+        db,
+        stop,
+        busy: AtomicUsize::new(0),
+    });
+    let handles: Vec<_> = (0..jobs)
+        .map(|_| {
+            let shared = shared.clone();
+            let g = Global {
+                db: g.db.clone(),
+                json: g.json,
+                max_held: g.max_held,
+            };
+            std::thread::spawn(move || job(&g, &shared))
+        })
+        .collect();
+    let mut first_error = None;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                shared.stop.store(true, Ordering::Relaxed);
+                first_error.get_or_insert(e);
+            }
+            Err(_) => {
+                first_error.get_or_insert(anyhow::anyhow!("a worker thread panicked"));
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(Status::Ok),
+    }
+}
+
+/// One job: claim a batch, run the command per input, repeat until stopped (or, with
+/// `--once`, until nothing is ready).
+fn job(g: &Global, sh: &Shared) -> anyhow::Result<()> {
+    let mut store = g.open(false)?;
+    let a = &sh.args;
+    while !sh.stop.load(Ordering::Relaxed) {
+        sh.busy.fetch_add(1, Ordering::SeqCst);
+        let claimed = store.claim(&a.queue, a.batch.max(1));
+        let mut leases = match claimed {
+            Ok(l) => l,
+            Err(e) => {
+                sh.busy.fetch_sub(1, Ordering::SeqCst);
+                return Err(e.into());
+            }
+        };
+        if leases.is_empty() {
+            let others = sh.busy.fetch_sub(1, Ordering::SeqCst) - 1;
+            if a.once && others == 0 {
+                return Ok(());
+            }
+            let wait = if a.once { 5 } else { a.poll.max(1) as u64 };
+            idle(sh, Duration::from_millis(wait));
+            continue;
+        }
+        let result = run_batch(&mut store, sh, &mut leases);
+        // Whatever happened, leases not started are given back, not left to expire.
+        for lease in leases.drain(..) {
+            match store.release(lease) {
+                Ok(()) | Err(Error::LeaseLost { .. }) => {}
+                Err(e) => eprintln!("warning: cannot release a lease: {e}"),
+            }
+        }
+        sh.busy.fetch_sub(1, Ordering::SeqCst);
+        result?;
+    }
+    Ok(())
+}
+
+/// Sleeps up to `d`, waking early when a stop is requested.
+fn idle(sh: &Shared, d: Duration) {
+    let until = Instant::now() + d;
+    while !sh.stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= until {
+            return;
+        }
+        std::thread::sleep((until - now).min(Duration::from_millis(50)));
+    }
+}
+
+/// Runs the command for each lease in turn, front first, removing each from `leases` as
+/// it starts; stops starting new ones on a stop request.
+fn run_batch(store: &mut Store, sh: &Shared, leases: &mut Vec<Lease>) -> anyhow::Result<()> {
+    while !leases.is_empty() && !sh.stop.load(Ordering::Relaxed) {
+        let lease = leases.remove(0);
+        let outcome = handle(store, sh, lease, leases)?;
+        if !sh.args.quiet {
+            eprintln!("{outcome}");
+        }
+    }
+    Ok(())
+}
+
+/// How a finished command ended, as one line.
+type Outcome = String;
+
+/// Runs the command for one input and completes or fails it. `waiting` are this job's
+/// other leases, kept alive too while the command runs.
+fn handle(
+    store: &mut Store,
+    sh: &Shared,
+    lease: Lease,
+    waiting: &mut [Lease],
+) -> anyhow::Result<Outcome> {
+    let hash = lease.input.hash();
+    let short = &hash.to_string()[..12];
+    let (status, stdout, stderr, lease) = run_command(store, sh, lease, waiting)?;
+    let last_err = String::from_utf8_lossy(&stderr)
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let failure = match status.code() {
+        Some(0) => match complete(store, &sh.spec, &lease, &stdout) {
+            Ok(n) => return Ok(format!("{short} done ({n} facts)")),
+            Err(CompleteError::LeaseLost) => {
+                return Ok(format!(
+                    "{short} lease lost: another worker has it; nothing written"
+                ));
+            }
+            Err(CompleteError::Store(e)) => return Err(e.into()),
+            Err(CompleteError::Output(reason)) => Failure::Transient(reason),
+        },
+        Some(75) => Failure::Transient(with_stderr("exit 75 (retry later)", &last_err)),
+        Some(65) => Failure::Poison(with_stderr("exit 65 (poison)", &last_err)),
+        Some(c) => Failure::Transient(with_stderr(&format!("exit {c}"), &last_err)),
+        None => Failure::Transient(with_stderr(
+            &format!("killed by signal {}", status.signal().unwrap_or(0)),
+            &last_err,
+        )),
+    };
+    let what = match &failure {
+        Failure::Transient(r) | Failure::Permanent(r) | Failure::Poison(r) => r.clone(),
+    };
+    Ok(match store.fail(&lease, failure) {
+        Ok(FailOutcome::Retry { at_ms }) => {
+            let now = precedent::clock::Clock::now_ms(&precedent::clock::SystemClock);
+            format!("{short} retry in {} ms: {what}", (at_ms - now).max(0))
+        }
+        Ok(FailOutcome::DeadLettered(h)) => format!("{short} dead-lettered as {h}: {what}"),
+        Ok(FailOutcome::Poisoned(h)) => format!("{short} poison as {h}: {what}"),
+        Ok(FailOutcome::Dropped) => format!("{short} failed, dropped (at-most-once): {what}"),
+        Err(Error::LeaseLost { .. }) => format!("{short} lease lost before failing: {what}"),
+        Err(e) => return Err(e.into()),
+    })
+}
+
+fn with_stderr(head: &str, last: &str) -> String {
+    if last.is_empty() {
+        head.to_string()
+    } else {
+        format!("{head}: {last}")
+    }
+}
+
+/// The command's exit status, stdout and stderr, and the lease as last extended.
+type Ran = (ExitStatus, Vec<u8>, Vec<u8>, Lease);
+
+/// Starts the command with the input on stdin and waits for it, extending this job's
+/// leases every third of the lease duration meanwhile.
+fn run_command(
+    store: &mut Store,
+    sh: &Shared,
+    mut lease: Lease,
+    waiting: &mut [Lease],
+) -> anyhow::Result<Ran> {
+    let (program, rest) = sh
+        .args
+        .command
+        .split_first()
+        .expect("clap requires COMMAND");
+    let mut child = Command::new(program)
+        .args(rest)
+        .env("PRECEDENT_INPUT_HASH", lease.input.hash().to_string())
+        .env("PRECEDENT_ATTEMPT", lease.attempt.to_string())
+        .env("PRECEDENT_QUEUE", &lease.queue)
+        .env("PRECEDENT_DB", &sh.db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group: a Ctrl-C at the terminal stops the worker's claiming,
+        // not the commands it lets finish.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot run {program}"))?;
+    let mut input = json::to_json(&lease.input).to_string();
+    input.push('\n');
+    let mut stdin = child.stdin.take().expect("piped");
+    // A command that does not read its stdin closes the pipe; that is not an error.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(input.as_bytes());
+    });
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let mut so = child.stdout.take().expect("piped");
+        let mut se = child.stderr.take().expect("piped");
+        let errs = std::thread::spawn(move || {
+            let _ = se.read_to_end(&mut err);
+            err
+        });
+        let _ = so.read_to_end(&mut out);
+        let err = errs.join().unwrap_or_default();
+        let _ = tx.send(child.wait().map(|s| (s, out, err)));
+    });
+    let beat = Duration::from_millis((sh.spec.lease_ms / 3).max(1) as u64);
+    let done = loop {
+        match rx.recv_timeout(beat) {
+            Ok(r) => break r.context("waiting for the command")?,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                lease = extend(store, lease)?;
+                for w in waiting.iter_mut() {
+                    *w = extend(store, w.clone())?;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                anyhow::bail!("lost track of the command {program}")
+            }
+        }
+    };
+    let _ = writer.join();
+    Ok((done.0, done.1, done.2, lease))
+}
+
+/// Extends a lease; a lost one is kept as it is (completing it will be refused).
+fn extend(store: &mut Store, lease: Lease) -> anyhow::Result<Lease> {
+    match store.extend(&lease) {
+        Ok(l) => Ok(l),
+        Err(Error::LeaseLost { .. }) => Ok(lease),
+        Err(e) => Err(e.into()),
+    }
+}
+
+enum CompleteError {
+    LeaseLost,
+    /// The command's output could not be stored: a transient failure with this reason.
+    Output(String),
+    Store(Error),
+}
+
+/// Stores the facts of `stdout` and, unless one of them completes the input, a completing
+/// fact of our own, in the transaction that completes the input. Returns the fact count.
+fn complete(
+    store: &mut Store,
+    spec: &QueueSpec,
+    lease: &Lease,
+    stdout: &[u8],
+) -> Result<usize, CompleteError> {
+    let text = String::from_utf8_lossy(stdout);
+    let mut specs = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let s = json::parse(line)
+            .map_err(|e| CompleteError::Output(format!("stdout line {}: {e}", i + 1)))?;
+        specs.push((i + 1, s));
+    }
+    let input = lease.input.hash();
+    let result = store.complete(lease, |w| {
+        let mut facts: Vec<Fact> = Vec::new();
+        for (line, s) in &specs {
+            let resolved =
+                json::resolve(s, &mut |p| w.resolve_prefix(p)).map_err(|e| Error::Json {
+                    reason: format!("stdout line {line}: {e}"),
+                })?;
+            facts.extend(resolved);
+        }
+        let completes = facts.iter().any(|f| {
+            spec.completions.iter().any(|c| {
+                f.type_name() == c.type_name
+                    && f.predecessors()
+                        .get(&c.role)
+                        .is_some_and(|set| set.contains(&input))
+            })
+        });
+        if !completes {
+            // Deterministic per input: a retry after a crash writes the same fact.
+            facts.push(lease.completion().field("by", "precedent work").build()?);
+        }
+        for f in &facts {
+            w.insert(f)?;
+        }
+        Ok(facts.len())
+    });
+    match result {
+        Ok(n) => Ok(n),
+        Err(Error::LeaseLost { .. }) => Err(CompleteError::LeaseLost),
+        Err(e @ (Error::Sqlite(_) | Error::Io(_) | Error::Corrupt { .. })) => {
+            Err(CompleteError::Store(e))
+        }
+        Err(e) => Err(CompleteError::Output(format!(
+            "cannot store the output: {e}"
+        ))),
+    }
+}
+
+/// Sets `stop` on SIGINT or SIGTERM. The worker then claims nothing more, lets running
+/// commands finish, completes or fails them and gives back what it had not started.
+/// tokio is already a dependency (for sync), so its signal handling is used rather than
+/// another crate.
+fn stop_on_signal(stop: Arc<AtomicBool>) {
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                return;
+            };
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            eprintln!("stopping: finishing running commands");
+            stop.store(true, Ordering::Relaxed);
+        });
+    });
+}
