@@ -567,7 +567,19 @@ impl Client {
             if absent.is_empty() {
                 return Ok(());
             }
-            let (facts, bad) = decode_records(self.fetch(&absent)?);
+            let (fetched, mut bad) = decode_records(self.fetch(&absent)?);
+            // A fetched record must be one of the facts asked for: anything else fails the
+            // hash check and goes to the quarantine like a record that does not decode.
+            let mut facts = Vec::with_capacity(fetched.len());
+            for f in fetched {
+                if absent.contains(&f.hash()) {
+                    facts.push(f);
+                } else {
+                    let reason =
+                        format!("fetched fact {} is none of the hashes asked for", f.hash());
+                    bad.push((reason, f.canonical_bytes().to_vec()));
+                }
+            }
             report.fetched += (facts.len() + bad.len()) as u64;
             report.quarantined += bad.len() as u64;
             let useful = facts.iter().any(|f| absent.contains(&f.hash()));

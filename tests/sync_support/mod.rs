@@ -1,0 +1,401 @@
+//! Helpers for the sync tests: nodes with a database and a server, fact trees, raw HTTP,
+//! a fake server, and a fault-injecting TCP proxy.
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use precedent::sync::client::{Client, ClientOptions, SyncOptions};
+use precedent::sync::server::{Running, ServerConfig};
+use precedent::{Fact, FactHash, Store};
+
+pub const CBOR: &str = "application/cbor-seq";
+pub const JSON_CT: &str = "application/json";
+
+/// A node: a database file in a temporary directory.
+pub struct Node {
+    pub dir: tempfile::TempDir,
+    pub db: PathBuf,
+}
+
+impl Node {
+    pub fn new() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("node.db");
+        Store::open(&db).unwrap();
+        Node { dir, db }
+    }
+
+    pub fn store(&self) -> Store {
+        Store::open(&self.db).unwrap()
+    }
+
+    pub fn serve(&self) -> Running {
+        self.serve_with(|_| {})
+    }
+
+    pub fn serve_with(&self, tweak: impl FnOnce(&mut ServerConfig)) -> Running {
+        let mut c = ServerConfig::new(&self.db);
+        c.listen = "127.0.0.1:0".parse().unwrap();
+        tweak(&mut c);
+        Running::start(c).unwrap()
+    }
+}
+
+/// `n` facts of type `t` below `root`: each names the root or an earlier one of them.
+pub fn tree(t: &str, root: &Fact, n: usize) -> Vec<Fact> {
+    let mut out: Vec<Fact> = Vec::with_capacity(n);
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ n as u64 ^ t.len() as u64;
+    for i in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mut preds = vec![root.hash()];
+        if i > 0 {
+            preds.push(out[(x as usize) % i].hash());
+        }
+        if i > 1 && x.is_multiple_of(3) {
+            preds.push(out[(x as usize >> 8) % i].hash());
+        }
+        let mut b = Fact::builder(t).field("n", i as i64);
+        for (k, p) in preds.iter().enumerate() {
+            b = b.predecessor(if k == 0 { "root" } else { "prev" }, *p);
+        }
+        out.push(b.build().unwrap());
+    }
+    out
+}
+
+pub fn hashes(store: &Store) -> BTreeSet<FactHash> {
+    let mut out = BTreeSet::new();
+    store
+        .for_each_released(0, |_, h, _| {
+            out.insert(h);
+            Ok(())
+        })
+        .unwrap();
+    out
+}
+
+/// Same released set everywhere, nothing held, verify clean, topological release order.
+pub fn assert_converged(nodes: &[&Node]) {
+    let first = hashes(&nodes[0].store());
+    for (i, n) in nodes.iter().enumerate() {
+        let s = n.store();
+        assert_eq!(hashes(&s), first, "node {i} differs from node 0");
+        assert_eq!(s.held_count().unwrap(), 0, "node {i} holds facts");
+        let v = s.verify(|_| {}).unwrap();
+        assert!(v.is_clean(), "node {i}: {:?}", v.problems);
+        crate::common::assert_topological(&s);
+    }
+}
+
+/// One full sync (pull, fetch, push) of `node` with the server at `url`.
+pub fn sync_pair(node: &Node, url: &str) {
+    let client = Client::new(url, ClientOptions::default()).unwrap();
+    let r = client
+        .sync(&mut node.store(), &SyncOptions::default(), &mut |_| {})
+        .unwrap();
+    assert_eq!(r.quarantined, 0);
+}
+
+/// One raw HTTP/1.1 request; the status and the body as JSON (Null if not JSON).
+pub fn http(
+    server: &Running,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+    token: Option<&str>,
+) -> (u16, serde_json::Value) {
+    let (status, body) = raw_http(server.addr(), method, path, content_type, body, token);
+    (status, serde_json::from_slice(&body).unwrap_or_default())
+}
+
+pub fn get_text(server: &Running, path: &str, token: Option<&str>) -> String {
+    let (status, body) = raw_http(server.addr(), "GET", path, "", b"", token);
+    assert_eq!(status, 200);
+    String::from_utf8(body).unwrap()
+}
+
+pub fn raw_http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+    token: Option<&str>,
+) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
+    if !content_type.is_empty() {
+        head.push_str(&format!("content-type: {content_type}\r\n"));
+    }
+    if let Some(t) = token {
+        head.push_str(&format!("authorization: Bearer {t}\r\n"));
+    }
+    head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+    s.write_all(head.as_bytes()).unwrap();
+    // The server may answer (413) before reading a large body; ignore a reset while sending.
+    let _ = s.write_all(body);
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no response head: {:?}", String::from_utf8_lossy(&buf)));
+    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+    let status = head[9..12].parse().unwrap();
+    let mut body = buf[end + 4..].to_vec();
+    if head.contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    (status, body)
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 2 + size + 2..];
+    }
+}
+
+/// A server that answers every request with bytes of the test's choosing.
+pub struct FakeServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl FakeServer {
+    pub fn start(answer: impl Fn(&str) -> Vec<u8> + Send + 'static) -> FakeServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stop2.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let req = read_request(&mut conn);
+                let _ = conn.write_all(&answer(&req));
+                let _ = conn.shutdown(Shutdown::Both);
+            }
+        });
+        FakeServer { addr, stop }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for FakeServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Reads a request head and its content-length body; returns the head as text.
+fn read_request(conn: &mut TcpStream) -> String {
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = conn.read(&mut chunk).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let len: usize = head
+                .to_lowercase()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                let n = conn.read(&mut chunk).unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            return head;
+        }
+    }
+    String::new()
+}
+
+/// A TCP proxy that, per connection and at random: cuts the stream in either direction
+/// after some bytes, delays chunks, and replays the client's bytes to the server on a
+/// second connection after the first ends (duplicated requests).
+pub struct FaultyProxy {
+    addr: SocketAddr,
+    duplicated: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+impl FaultyProxy {
+    pub fn start(upstream: SocketAddr, seed: u64) -> FaultyProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let duplicated = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (dup, stop2) = (duplicated.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rng = Rng(seed | 1);
+            for conn in listener.incoming() {
+                if stop2.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = conn else { continue };
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                // Fault plan for this connection.
+                let cut_down = (rng.below(2) == 0).then(|| rng.below(30_000));
+                let cut_up = (rng.below(8) == 0).then(|| rng.below(4_000));
+                let delay = rng.below(4) == 0;
+                let duplicate = rng.below(2) == 0;
+                let seed = rng.next();
+                let dup = dup.clone();
+                std::thread::spawn(move || {
+                    relay(
+                        client, server, upstream, cut_up, cut_down, delay, duplicate, seed, &dup,
+                    )
+                });
+            }
+        });
+        FaultyProxy {
+            addr,
+            duplicated,
+            stop,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn duplicated(&self) -> u64 {
+        self.duplicated.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for FaultyProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    upstream: SocketAddr,
+    cut_up: Option<u64>,
+    cut_down: Option<u64>,
+    delay: bool,
+    duplicate: bool,
+    seed: u64,
+    dup: &AtomicU64,
+) {
+    let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    let up = std::thread::spawn(move || pump(c2, s2, cut_up, false, seed, true));
+    pump(server, client, cut_down, delay, seed ^ 0xFF, false);
+    let sent = up.join().unwrap_or_default();
+    if duplicate
+        && !sent.is_empty()
+        && let Ok(mut again) = TcpStream::connect(upstream)
+    {
+        {
+            dup.fetch_add(1, Ordering::Relaxed);
+            let _ = again.write_all(&sent);
+            let _ = again.shutdown(Shutdown::Write);
+            let _ = again.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut sink = Vec::new();
+            let _ = again.read_to_end(&mut sink);
+        }
+    }
+}
+
+/// Copies `from` to `to` until either side closes or `cut` bytes have passed; returns
+/// what was copied when `record` is set.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    cut: Option<u64>,
+    delay: bool,
+    seed: u64,
+    record: bool,
+) -> Vec<u8> {
+    let mut rng = Rng(seed | 1);
+    let mut seen = Vec::new();
+    let mut passed = 0u64;
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut n = n as u64;
+        if let Some(c) = cut
+            && passed + n > c
+        {
+            n = c - passed;
+            let _ = to.write_all(&buf[..n as usize]);
+            break;
+        }
+        if delay && rng.below(4) == 0 {
+            std::thread::sleep(Duration::from_millis(rng.below(5)));
+        }
+        if to.write_all(&buf[..n as usize]).is_err() {
+            break;
+        }
+        if record {
+            seen.extend_from_slice(&buf[..n as usize]);
+        }
+        passed += n;
+    }
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+    seen
+}
