@@ -111,7 +111,7 @@ fn sigkilled_workers_apply_each_input_exactly_once() {
         b"",
     );
 
-    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed_4);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x0005_eed4);
     let started = Instant::now();
     let mut kills_mid_work = 0;
     for _ in 0..KILLS {
