@@ -31,21 +31,23 @@ CREATE TABLE edge (
 ) WITHOUT ROWID;
 CREATE INDEX edge_by_successor ON edge (successor, role_id, predecessor);
 
--- Facts waiting for ancestors. missing counts the rows of held_wait naming this fact.
+-- Facts waiting for ancestors. Rows are appended in id order; only the 32-byte hash index
+-- is keyed randomly, which keeps the randomly-written part small. missing counts the rows
+-- of held_wait naming this fact.
 CREATE TABLE held (
-    hash    BLOB PRIMARY KEY,
+    id      INTEGER PRIMARY KEY,
+    hash    BLOB NOT NULL UNIQUE,
     bytes   BLOB NOT NULL,
     missing INTEGER NOT NULL CHECK (missing > 0),
     held_at INTEGER NOT NULL
-) WITHOUT ROWID;
+);
 
 -- One row per (absent predecessor, held fact waiting for it).
 CREATE TABLE held_wait (
     missing BLOB NOT NULL,
-    waiter  BLOB NOT NULL,
+    waiter  INTEGER NOT NULL,
     PRIMARY KEY (missing, waiter)
 ) WITHOUT ROWID;
-CREATE INDEX held_wait_by_waiter ON held_wait (waiter);
 
 -- Counters kept in step with the tables, so that bounds are checked without a scan.
 CREATE TABLE counter (

@@ -326,6 +326,7 @@ fn verify_finds_damaged_rows() {
         .unwrap();
     raw.execute("UPDATE counter SET value = 5 WHERE name = 'held'", [])
         .unwrap();
+    raw.execute("DELETE FROM held_wait", []).unwrap();
     drop(raw);
     let s = Store::open(&path).unwrap();
     let report = s.verify(|_| {}).unwrap();
@@ -338,6 +339,12 @@ fn verify_finds_damaged_rows() {
     assert!(
         text.iter()
             .any(|t| t.contains(&facts[2].hash().to_string()) && t.contains("not released before")),
+        "{text:?}"
+    );
+    let lonely = fact("Lonely", 1, &[FactHash([7; 32])]).hash().to_string();
+    assert!(
+        text.iter()
+            .any(|t| t.contains(&lonely) && t.contains("does not wait for absent predecessor")),
         "{text:?}"
     );
     assert!(

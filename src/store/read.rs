@@ -312,30 +312,34 @@ impl Store {
     /// # Errors
     /// [`Error::Corrupt`], [`Error::Sqlite`].
     pub fn held(&self, limit: usize) -> Result<Vec<HeldFact>> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT hash, bytes, held_at FROM held ORDER BY held_at, hash LIMIT ?1",
-        )?;
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT hash, bytes, held_at FROM held ORDER BY id LIMIT ?1")?;
         let mut rows = stmt.query([limit as i64])?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {
             let hash = hash_from_row(row.get(0)?)?;
             let bytes: Vec<u8> = row.get(1)?;
             let held_at_ms: i64 = row.get(2)?;
+            let fact = fact_from_row(&hash, &bytes)?;
             out.push(HeldFact {
-                fact: fact_from_row(&hash, &bytes)?,
-                missing: self.held_missing(&hash)?,
+                missing: self.held_missing(&fact)?,
+                fact,
                 held_at_ms,
             });
         }
         Ok(out)
     }
 
-    pub(crate) fn held_missing(&self, hash: &FactHash) -> Result<Vec<FactHash>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT missing FROM held_wait WHERE waiter = ?1 ORDER BY missing")?;
-        let rows = stmt.query_map([&hash.0[..]], |r| hash_from_row(r.get(0)?))?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    /// The predecessors of a held fact that are not released.
+    pub(crate) fn held_missing(&self, fact: &Fact) -> Result<Vec<FactHash>> {
+        let mut out = Vec::new();
+        for p in fact.predecessor_hashes() {
+            if self.seq_of(&p)?.is_none() {
+                out.push(p);
+            }
+        }
+        Ok(out)
     }
 
     /// Calls `f` with each released fact's sequence number, hash and canonical bytes, in

@@ -182,7 +182,11 @@ impl Store {
     fn verify_held(&self, report: &mut VerifyReport) -> Result<()> {
         let mut stmt = self
             .conn
-            .prepare("SELECT hash, bytes, missing FROM held ORDER BY hash")?;
+            .prepare("SELECT hash, bytes, missing, id FROM held ORDER BY id")?;
+        let mut waits = self
+            .conn
+            .prepare("SELECT 1 FROM held_wait WHERE missing = ?1 AND waiter = ?2")?;
+        let mut wait_rows: i64 = 0;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
             report.held += 1;
@@ -208,27 +212,29 @@ impl Store {
                     absent.insert(p);
                 }
             }
-            let waiting: BTreeSet<FactHash> = self.held_missing(&hash)?.into_iter().collect();
             if absent.is_empty() {
                 report.problem(Some(hash), "held although every predecessor is released");
             }
-            if waiting != absent {
+            let id: i64 = row.get(3)?;
+            for p in &absent {
+                if !waits.exists(params![&p.0[..], id])? {
+                    report.problem(
+                        Some(hash),
+                        format!("does not wait for absent predecessor {p}"),
+                    );
+                }
+            }
+            let missing: i64 = row.get(2)?;
+            if missing != absent.len() as i64 {
                 report.problem(
                     Some(hash),
                     format!(
-                        "waits for {} facts, but {} predecessors are absent",
-                        waiting.len(),
+                        "missing count {missing} but {} predecessors are absent",
                         absent.len()
                     ),
                 );
             }
-            let missing: i64 = row.get(2)?;
-            if missing != waiting.len() as i64 {
-                report.problem(
-                    Some(hash),
-                    format!("missing count {missing} but {} wait rows", waiting.len()),
-                );
-            }
+            wait_rows += missing;
         }
         let counter: i64 =
             self.conn
@@ -241,13 +247,20 @@ impl Store {
                 format!("held counter says {counter}, table has {}", report.held),
             );
         }
-        let orphans: i64 = self.conn.query_row(
-            "SELECT count(*) FROM held_wait w WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.hash = w.waiter)",
+        let (rows, orphans): (i64, i64) = self.conn.query_row(
+            "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.id = w.waiter))
+             FROM held_wait w",
             [],
-            |r| r.get(0),
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
         if orphans > 0 {
             report.problem(None, format!("{orphans} wait rows name no held fact"));
+        }
+        if rows != wait_rows {
+            report.problem(
+                None,
+                format!("{rows} wait rows, but held facts miss {wait_rows} predecessors"),
+            );
         }
         Ok(())
     }

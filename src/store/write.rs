@@ -272,11 +272,12 @@ impl<'a> Writer<'a> {
         if added == 0 {
             return Ok(InsertOutcome::Duplicate { seq: None });
         }
+        let id = self.tx.last_insert_rowid();
         let mut wait = self
             .tx
             .prepare_cached("INSERT INTO held_wait (missing, waiter) VALUES (?1, ?2)")?;
         for m in &missing {
-            wait.execute(params![&m.0[..], &hash.0[..]])?;
+            wait.execute(params![&m.0[..], id])?;
         }
         drop(wait);
         self.held = Some(held + 1);
@@ -312,43 +313,40 @@ impl<'a> Writer<'a> {
         let mut stack = vec![first];
         while let Some(arrived) = stack.pop() {
             for waiter in self.take_waiters(&arrived)? {
-                let (missing, bytes): (i64, Vec<u8>) = self
+                let (hash, missing, bytes): (Vec<u8>, i64, Vec<u8>) = self
                     .tx
-                    .prepare_cached("SELECT missing, bytes FROM held WHERE hash = ?1")?
-                    .query_row([&waiter.0[..]], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .prepare_cached("SELECT hash, missing, bytes FROM held WHERE id = ?1")?
+                    .query_row([waiter], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                     .optional()?
                     .ok_or_else(|| Error::Corrupt {
-                        hash: waiter,
-                        reason: "waits in held_wait but has no held row".into(),
+                        hash: arrived,
+                        reason: format!("held_wait names held row {waiter}, which is absent"),
                     })?;
                 if missing > 1 {
                     self.tx
-                        .prepare_cached("UPDATE held SET missing = missing - 1 WHERE hash = ?1")?
-                        .execute([&waiter.0[..]])?;
+                        .prepare_cached("UPDATE held SET missing = missing - 1 WHERE id = ?1")?
+                        .execute([waiter])?;
                 } else {
-                    self.release_held(&waiter, &bytes)?;
+                    let hash = FactHash::from_slice(&hash).ok_or_else(|| Error::Corrupt {
+                        hash: arrived,
+                        reason: format!("held row {waiter} has a hash that is not 32 bytes"),
+                    })?;
+                    self.release_held(waiter, &hash, &bytes)?;
                     released += 1;
-                    stack.push(waiter);
+                    stack.push(hash);
                 }
             }
         }
         Ok(released)
     }
 
-    /// Removes and returns the held facts recorded as waiting for `arrived`.
-    fn take_waiters(&mut self, arrived: &FactHash) -> Result<Vec<FactHash>> {
+    /// Removes and returns the held rows (ids) recorded as waiting for `arrived`.
+    fn take_waiters(&mut self, arrived: &FactHash) -> Result<Vec<i64>> {
         let waiters = self
             .tx
             .prepare_cached("SELECT waiter FROM held_wait WHERE missing = ?1")?
-            .query_map([&arrived.0[..]], |r| r.get::<_, Vec<u8>>(0))?
-            .map(|b| {
-                let b = b?;
-                FactHash::from_slice(&b).ok_or_else(|| Error::Corrupt {
-                    hash: *arrived,
-                    reason: "held_wait row with a waiter that is not 32 bytes".into(),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .query_map([&arrived.0[..]], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<i64>>>()?;
         if !waiters.is_empty() {
             self.tx
                 .prepare_cached("DELETE FROM held_wait WHERE missing = ?1")?
@@ -358,10 +356,10 @@ impl<'a> Writer<'a> {
     }
 
     /// Moves a held fact whose ancestors are now all released into the fact table.
-    fn release_held(&mut self, hash: &FactHash, bytes: &[u8]) -> Result<()> {
+    fn release_held(&mut self, id: i64, hash: &FactHash, bytes: &[u8]) -> Result<()> {
         self.tx
-            .prepare_cached("DELETE FROM held WHERE hash = ?1")?
-            .execute([&hash.0[..]])?;
+            .prepare_cached("DELETE FROM held WHERE id = ?1")?
+            .execute([id])?;
         let fact =
             crate::encoding::decode_fact(bytes, Some(*hash)).map_err(|e| Error::Corrupt {
                 hash: *hash,
