@@ -11,6 +11,9 @@
 //! - `PRECEDENT_BENCH_QUEUE_PROBE`: fresh inputs whose claims are timed in the latency
 //!   phases (default 1,000).
 //! - `PRECEDENT_BENCH_DURABILITY`: `full` or `normal`, both sides (default: the store's, full).
+//! - `PRECEDENT_BENCH_QUEUE_PHASES`: `throughput`, `latency` or both (the default).
+//! - `PRECEDENT_BENCH_QUEUE_DIR`: keep the databases in this directory (default: a
+//!   temporary one, removed at the end).
 //!
 //! Throughput phases: `W` workers (threads, each with its own connection to one file)
 //! claim `B` inputs at a time and complete each; completing writes a `Shop.Shipped` fact
@@ -408,32 +411,50 @@ fn latency_phase(dir: &Path, name: &str, history: u64, probe: u64) -> Json {
     out
 }
 
+/// The 1-minute load average, for the record: other work on the machine moves the figures.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing we use.
     let n = env_u64("PRECEDENT_BENCH_QUEUE_N", 20_000);
     let history = env_u64("PRECEDENT_BENCH_QUEUE_HISTORY", 1_000_000);
     let probe = env_u64("PRECEDENT_BENCH_QUEUE_PROBE", 1_000);
+    let phases = std::env::var("PRECEDENT_BENCH_QUEUE_PHASES")
+        .unwrap_or_else(|_| "throughput,latency".into());
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+    let kept = std::env::var_os("PRECEDENT_BENCH_QUEUE_DIR").map(std::path::PathBuf::from);
+    let d = kept.as_deref().unwrap_or(dir.path());
     eprintln!(
         "queue bench: N = {n}, history = {history}, probe = {probe}, durability {:?}",
         durability()
     );
     let mut results: Vec<Json> = Vec::new();
     let mut run = |r: Json| {
+        let mut r = r;
+        r["load_average"] = load_average().into();
         eprintln!("{r}");
         results.push(r);
     };
-    run(floor_phase(d, "floor-1w-single", n, 1, 1, false));
-    run(ours_phase(d, "ours-1w-single", n, 1, 1));
-    run(floor_phase(d, "floor-1w-batch", n, 1, 100, false));
-    run(ours_phase(d, "ours-1w-batch", n, 1, 100));
-    run(floor_phase(d, "floor-2w-single", n, 2, 1, false));
-    run(ours_phase(d, "ours-2w-single", n, 2, 1));
-    run(floor_phase(d, "floor-2w-batch", n, 2, 100, false));
-    run(ours_phase(d, "ours-2w-batch", n, 2, 100));
-    run(floor_phase(d, "floor-1w-batch-complete", n, 1, 100, true));
-    run(floor_phase(d, "floor-2w-batch-complete", n, 2, 100, true));
+    if phases.contains("throughput") {
+        run(floor_phase(d, "floor-1w-single", n, 1, 1, false));
+        run(ours_phase(d, "ours-1w-single", n, 1, 1));
+        run(floor_phase(d, "floor-1w-batch", n, 1, 100, false));
+        run(ours_phase(d, "ours-1w-batch", n, 1, 100));
+        run(floor_phase(d, "floor-2w-single", n, 2, 1, false));
+        run(ours_phase(d, "ours-2w-single", n, 2, 1));
+        run(floor_phase(d, "floor-2w-batch", n, 2, 100, false));
+        run(ours_phase(d, "ours-2w-batch", n, 2, 100));
+        run(floor_phase(d, "floor-1w-batch-complete", n, 1, 100, true));
+        run(floor_phase(d, "floor-2w-batch-complete", n, 2, 100, true));
+    }
+    if !phases.contains("latency") {
+        return;
+    }
     let empty = latency_phase(d, "claim-empty-history", 0, probe);
     run(empty.clone());
     let full = latency_phase(d, "claim-completed-history", history, probe);
@@ -444,7 +465,7 @@ fn main() {
             .iter()
             .find(|r| r["phase"] == name)
             .and_then(|r| r["per_second"].as_f64())
-            .unwrap()
+            .unwrap_or(f64::NAN)
     };
     let mut ratios = serde_json::Map::new();
     for mode in ["1w-single", "1w-batch", "2w-single", "2w-batch"] {
