@@ -64,9 +64,7 @@ pub fn exit_code(err: &Error) -> u8 {
         Error::Transport { .. } | Error::Remote { .. } | Error::Protocol { .. } => exit::PEER,
         Error::SyncConfig { .. } => exit::INVALID,
         Error::UnknownQueue { .. } => exit::NOT_FOUND,
-        Error::Queue { .. } | Error::LeaseLost { .. } | Error::NotCompleted { .. } => {
-            exit::INVALID
-        }
+        Error::Queue { .. } | Error::LeaseLost { .. } | Error::NotCompleted { .. } => exit::INVALID,
         Error::SchemaTooNew { .. } | Error::Corrupt { .. } | Error::Sqlite(_) | Error::Io(_) => {
             exit::DATABASE
         }
