@@ -160,6 +160,20 @@ pub enum Error {
         /// What is wrong, with the file where there is one.
         reason: String,
     },
+    /// A query that does not parse or does not check: with its line and column when it
+    /// came from text.
+    #[error("{0}")]
+    Query(#[from] crate::query::QueryError),
+    /// A stored fact that is not of the type a typed read expects.
+    #[error("fact {hash} is a {found}, not a {expected}")]
+    WrongType {
+        /// The fact.
+        hash: FactHash,
+        /// The type asked for.
+        expected: String,
+        /// Its type.
+        found: String,
+    },
     /// An error from SQLite.
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),

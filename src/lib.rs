@@ -33,6 +33,8 @@
 //! - [`json`]: the JSON form of facts, for people and the command line.
 //! - [`dag`]: ordering a batch of facts so parents come before children (petgraph).
 //! - [`clock`]: the time source for leases and backoff ([`clock::ManualClock`] in tests).
+//! - [`query`]: queries (text syntax, builder), compiled to SQL; typed facts; live
+//!   watches.
 //! - [`queue`]: work queue declarations, leases, failures, stats (the SQL is in `store`).
 //! - [`store`]: the SQLite store: schema migrations, inserts, held facts, reads, verify,
 //!   and the queue index kept up to date as facts are released.
@@ -47,6 +49,7 @@ pub mod error;
 pub mod fact;
 pub mod hash;
 pub mod json;
+pub mod query;
 pub mod queue;
 pub mod store;
 pub mod sync;

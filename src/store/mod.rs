@@ -4,6 +4,7 @@
 //! beside SQLite without touching callers.
 
 mod names;
+mod query;
 mod queue;
 mod read;
 mod sync;

@@ -1,0 +1,80 @@
+//! Queries over facts: a text syntax and a builder for one model, compiled to SQL over
+//! the store's tables; typed facts; live watches.
+//!
+//! ```
+//! use precedent::{Fact, Store};
+//! use precedent::query::{Givens, Query};
+//!
+//! let mut store = Store::open_in_memory()?;
+//! let shop = Fact::builder("Shop").field("name", "corner").build()?;
+//! let order = Fact::builder("Shop.Order").field("id", 1).predecessor("shop", shop.hash()).build()?;
+//! store.insert_batch(vec![shop.clone(), order.clone()])?;
+//!
+//! let q = Query::parse(
+//!     "given s: Shop
+//!      match o: Shop.Order where o->shop = s
+//!        and not exists (match sh: Shop.Shipment where sh->order = o)
+//!      select o.id",
+//! )?;
+//! let givens = Givens::from([("s".to_string(), shop.hash())]);
+//! let rows = store.query(&q, &givens)?;
+//! assert_eq!(rows.len(), 1);
+//! # Ok::<(), precedent::Error>(())
+//! ```
+//!
+//! # Layout
+//! - [`model`]: the query model, its checks, the builder.
+//! - `parse`: the text syntax (grammar in its docs and in `docs/queries.md`).
+//! - [`value`]: how field predicates compare values and how fields sort.
+//! - `sql`: compilation to one SQL statement with bound parameters.
+//! - `functions`: the SQLite functions compiled statements call.
+//! - `run`: execution and projections ([`Store::query`](crate::Store::query)).
+//! - [`typed`]: typed facts ([`FactType`], [`Ref`]).
+//! - [`watch`]: live watches ([`Watch`]).
+
+pub(crate) mod functions;
+pub mod model;
+mod parse;
+mod run;
+mod sql;
+pub mod typed;
+pub mod value;
+pub mod watch;
+
+use std::fmt;
+
+pub use model::{
+    Cond, Condition, Given, Label, Match, OrderKey, Pos, Projection, Query, QueryBuilder, RolePath,
+    SortBy, SubQuery, Test,
+};
+pub use run::{Givens, Projected, QueryRow};
+pub use typed::{Arity, FactType, Ref};
+pub use value::Op;
+pub use watch::{Change, Watch};
+
+/// A query that does not parse or does not check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueryError {
+    /// Line of the problem, from 1; 0 for a query built in Rust.
+    pub line: usize,
+    /// Column, from 1, in characters.
+    pub column: usize,
+    /// What is wrong, and what was expected.
+    pub message: String,
+}
+
+impl fmt::Display for QueryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "query: {}", self.message)
+        } else {
+            write!(
+                f,
+                "query at line {}, column {}: {}",
+                self.line, self.column, self.message
+            )
+        }
+    }
+}
+
+impl std::error::Error for QueryError {}

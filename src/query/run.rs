@@ -1,0 +1,281 @@
+//! Running a query: binding givens, compiling, reading rows through the store, and
+//! building each result's projection (child collections run once per result).
+
+use std::collections::HashMap;
+
+use rusqlite::types::Value as Sql;
+use serde_json::{Map, Value as Json};
+
+use super::QueryError;
+use super::model::*;
+use super::sql::{self, Bind, Node, Param, Plan, Shape};
+use crate::error::Result;
+use crate::fact::{Fact, Value};
+use crate::hash::FactHash;
+use crate::store::Store;
+
+/// The facts a query starts from: given label to hash.
+pub type Givens = HashMap<String, FactHash>;
+
+/// One result's value, as the query's `select` describes it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Projected {
+    /// A fact.
+    Fact(Fact),
+    /// A fact's hash.
+    Hash(FactHash),
+    /// A fact's release sequence number.
+    Seq(i64),
+    /// A field value; `None` when the fact has no such field.
+    Field(Option<Value>),
+    /// A record.
+    Record(Vec<(String, Projected)>),
+    /// A child collection.
+    Collection(Vec<Projected>),
+}
+
+impl Projected {
+    /// The JSON form: a fact as `json::to_json`, a hash as hex text, a missing field as
+    /// null, a record as an object, a collection as an array.
+    pub fn to_json(&self) -> Json {
+        match self {
+            Projected::Fact(f) => crate::json::to_json(f),
+            Projected::Hash(h) => Json::String(h.to_string()),
+            Projected::Seq(s) => Json::from(*s),
+            Projected::Field(v) => v.as_ref().map_or(Json::Null, crate::json::value_to_json),
+            Projected::Record(items) => Json::Object(
+                items
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_json()))
+                    .collect::<Map<_, _>>(),
+            ),
+            Projected::Collection(items) => {
+                Json::Array(items.iter().map(|p| p.to_json()).collect())
+            }
+        }
+    }
+}
+
+/// One result of a query.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueryRow {
+    /// The release sequence numbers of the result's facts, one per given and top-level
+    /// match in the order written: the result's identity.
+    pub key: Vec<i64>,
+    /// The projection.
+    pub value: Projected,
+}
+
+/// The fact bound to each label of one result row.
+pub(crate) type Env = HashMap<String, (i64, Fact)>;
+
+impl Store {
+    /// Runs a query with its givens bound by hash. A given that is not released yields no
+    /// results.
+    ///
+    /// # Errors
+    /// [`crate::Error::Query`] if a given label is not bound; [`crate::Error::Corrupt`],
+    /// [`crate::Error::Sqlite`].
+    pub fn query(&self, query: &Query, givens: &Givens) -> Result<Vec<QueryRow>> {
+        let plan = top_plan(query, givens, None)?;
+        let mut out = Vec::new();
+        for env in self.rows(&plan)? {
+            out.push(self.row(query, &env)?);
+        }
+        Ok(out)
+    }
+
+    /// Parses and runs a query in the text syntax.
+    ///
+    /// # Errors
+    /// As [`Query::parse`] and [`Store::query`].
+    pub fn query_text(&self, text: &str, givens: &Givens) -> Result<Vec<QueryRow>> {
+        self.query(&Query::parse(text)?, givens)
+    }
+
+    /// `EXPLAIN QUERY PLAN` of the statement a query compiles to (top level only; child
+    /// collections are separate statements), one line per step.
+    ///
+    /// # Errors
+    /// As [`Store::query`].
+    pub fn explain(&self, query: &Query, givens: &Givens) -> Result<Vec<String>> {
+        let plan = top_plan(query, givens, None)?;
+        self.query_plan(&plan.sql, &self.bind(&plan.params)?)
+    }
+
+    /// The SQL a query compiles to, with its parameters in order (for tests and tools).
+    ///
+    /// # Errors
+    /// As [`Store::query`].
+    pub fn compiled_sql(&self, query: &Query, givens: &Givens) -> Result<(String, Vec<String>)> {
+        let plan = top_plan(query, givens, None)?;
+        let params = self
+            .bind(&plan.params)?
+            .iter()
+            .map(|v| format!("{v:?}"))
+            .collect();
+        Ok((plan.sql, params))
+    }
+
+    pub(crate) fn bind(&self, params: &[Param]) -> Result<Vec<Sql>> {
+        params
+            .iter()
+            .map(|p| {
+                Ok(match p {
+                    Param::Hash(h) => Sql::Blob(h.0.to_vec()),
+                    Param::Type(t) => self.name_id(false, t)?.map_or(Sql::Null, Sql::Integer),
+                    Param::Role(r) => self.name_id(true, r)?.map_or(Sql::Null, Sql::Integer),
+                    Param::Int(i) => Sql::Integer(*i),
+                    Param::Text(t) => Sql::Text(t.clone()),
+                    Param::Blob(b) => Sql::Blob(b.clone()),
+                })
+            })
+            .collect()
+    }
+
+    /// Runs a plan; each row as label to (seq, fact).
+    pub(crate) fn rows(&self, plan: &Plan) -> Result<Vec<Env>> {
+        let params = self.bind(&plan.params)?;
+        let mut out = Vec::new();
+        self.run_query(&plan.sql, &params, |r| {
+            let mut env = Env::new();
+            for (i, label) in plan.labels.iter().enumerate() {
+                let seq: i64 = r.get(i * 3)?;
+                let hash = r
+                    .get_ref(i * 3 + 1)?
+                    .as_blob()
+                    .map_err(rusqlite::Error::from)?;
+                let hash = FactHash::from_slice(hash).unwrap_or(FactHash([0; 32]));
+                let bytes = r
+                    .get_ref(i * 3 + 2)?
+                    .as_blob()
+                    .map_err(rusqlite::Error::from)?;
+                let fact = crate::encoding::decode_fact(bytes, Some(hash)).map_err(|e| {
+                    crate::Error::Corrupt {
+                        hash,
+                        reason: e.to_string(),
+                    }
+                })?;
+                env.insert(label.clone(), (seq, fact));
+            }
+            out.push(env);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Builds the result for one row.
+    pub(crate) fn row(&self, query: &Query, env: &Env) -> Result<QueryRow> {
+        Ok(QueryRow {
+            key: query.top_labels().iter().map(|l| env[*l].0).collect(),
+            value: self.project(&query.select, env)?,
+        })
+    }
+
+    fn project(&self, p: &Projection, env: &Env) -> Result<Projected> {
+        Ok(match p {
+            Projection::Fact(l) => Projected::Fact(env[&l.name].1.clone()),
+            Projection::Hash(l) => Projected::Hash(env[&l.name].1.hash()),
+            Projection::Seq(l) => Projected::Seq(env[&l.name].0),
+            Projection::Field(l, f) => Projected::Field(env[&l.name].1.field(f).cloned()),
+            Projection::Record(items) => Projected::Record(
+                items
+                    .iter()
+                    .map(|(k, v)| Ok((k.clone(), self.project(v, env)?)))
+                    .collect::<Result<_>>()?,
+            ),
+            Projection::Collection(sub) => {
+                let mut nodes: Vec<Node> = env
+                    .iter()
+                    .map(|(label, (seq, f))| Node {
+                        label: label.clone(),
+                        type_name: f.type_name().to_string(),
+                        bind: Bind::Seq(*seq),
+                    })
+                    .collect();
+                nodes.sort_by_key(|n| n.label.clone());
+                nodes.extend(sql::free_nodes(&sub.matches));
+                let conds: Vec<&Condition> = sub
+                    .matches
+                    .iter()
+                    .flat_map(|m| m.conditions.iter())
+                    .collect();
+                let output = nodes.iter().map(|n| n.label.clone()).collect();
+                let plan = sql::compile(
+                    &nodes,
+                    &conds,
+                    &Shape {
+                        output,
+                        order: &sub.order,
+                        limit: sub.limit,
+                        distinct: false,
+                    },
+                )?;
+                let mut items = Vec::new();
+                for child in self.rows(&plan)? {
+                    items.push(self.project(&sub.select, &child)?);
+                }
+                Projected::Collection(items)
+            }
+        })
+    }
+}
+
+/// The top-level nodes: givens bound by hash, then matches (free, or pinned by `pins`).
+pub(crate) fn top_nodes(
+    query: &Query,
+    givens: &Givens,
+    pins: Option<&HashMap<String, Bind>>,
+) -> Result<Vec<Node>, QueryError> {
+    let mut nodes = Vec::new();
+    for g in &query.givens {
+        let Some(h) = givens.get(&g.label.name) else {
+            return Err(QueryError {
+                line: g.label.pos.line,
+                column: g.label.pos.column,
+                message: format!("given {} is not bound to a fact", g.label.name),
+            });
+        };
+        nodes.push(Node {
+            label: g.label.name.clone(),
+            type_name: g.type_name.clone(),
+            bind: Bind::Given(*h),
+        });
+    }
+    nodes.extend(sql::free_nodes(&query.matches));
+    if let Some(pins) = pins {
+        for n in &mut nodes {
+            if let Some(b) = pins.get(&n.label) {
+                n.bind = *b;
+            }
+        }
+        // Pinned facts first: the walk starts from them.
+        nodes.sort_by_key(|n| matches!(n.bind, Bind::Free | Bind::Given(_)));
+    }
+    Ok(nodes)
+}
+
+/// The top-level statement, optionally with some labels pinned.
+pub(crate) fn top_plan(
+    query: &Query,
+    givens: &Givens,
+    pins: Option<&HashMap<String, Bind>>,
+) -> Result<Plan, QueryError> {
+    let nodes = top_nodes(query, givens, pins)?;
+    let conds: Vec<&Condition> = query
+        .matches
+        .iter()
+        .flat_map(|m| m.conditions.iter())
+        .collect();
+    let output = query.top_labels().iter().map(|s| s.to_string()).collect();
+    sql::compile(
+        &nodes,
+        &conds,
+        &Shape {
+            output,
+            order: &query.order,
+            limit: if pins.is_some() { None } else { query.limit },
+            distinct: false,
+        },
+    )
+}

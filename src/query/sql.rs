@@ -1,0 +1,371 @@
+//! Compiles a query to one SQL statement over `fact` and `edge`, with every value bound
+//! as a parameter.
+//!
+//! Each fact label becomes an alias of `fact`. Facts are joined in an order the compiler
+//! chooses and SQLite keeps (`CROSS JOIN`): bound facts first (givens by hash through the
+//! unique index, pinned facts by `seq`), then each match reached from a known fact
+//! through its join. A step toward a predecessor reads `edge_by_successor (successor,
+//! role_id, predecessor)`; a step toward a successor reads the edge primary key
+//! `(predecessor, role_id, successor)`; the fact at the end is read by `seq`. Only a match
+//! joined to nothing (a query without givens) scans, and then through `fact_by_type`.
+//! So the cost follows the facts a query touches, not the size of the store.
+//!
+//! Field predicates call `pq_test(bytes, field, op, values)` and field ordering
+//! `pq_field(bytes, field)` (see [`super::functions`]); `exists` becomes a correlated
+//! `EXISTS (SELECT 1 ...)`.
+
+use std::collections::HashMap;
+
+use super::QueryError;
+use super::model::*;
+use crate::fact::{Fact, Value};
+use crate::hash::FactHash;
+
+/// A parameter, bound when the statement runs. Type and role names are looked up then
+/// (an unknown name binds NULL, which matches nothing).
+#[derive(Clone, Debug)]
+pub(crate) enum Param {
+    Hash(FactHash),
+    Type(String),
+    Role(String),
+    Int(i64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+/// How a fact label is bound in a block.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Bind {
+    /// A given: the fact with this hash.
+    Given(FactHash),
+    /// The fact with this release sequence number.
+    Seq(i64),
+    /// Any fact released in `(after, upto]`.
+    Range(i64, i64),
+    /// Reached through a join.
+    Free,
+}
+
+/// A fact label of a block with its type and binding.
+#[derive(Clone, Debug)]
+pub(crate) struct Node {
+    pub label: String,
+    pub type_name: String,
+    pub bind: Bind,
+}
+
+/// A compiled statement. Columns: `seq, hash, bytes` for each of `labels`, in order.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub sql: String,
+    pub params: Vec<Param>,
+    pub labels: Vec<String>,
+}
+
+#[derive(Default)]
+struct Compiler {
+    params: Vec<Param>,
+    aliases: usize,
+}
+
+impl Compiler {
+    fn param(&mut self, p: Param) -> String {
+        self.params.push(p);
+        format!("?{}", self.params.len())
+    }
+
+    fn alias(&mut self, prefix: &str) -> String {
+        self.aliases += 1;
+        format!("{prefix}{}", self.aliases)
+    }
+
+    /// Walks from the fact whose seq is `start` up through `roles` to a predecessor;
+    /// returns the expression of the seq reached.
+    fn walk_up(
+        &mut self,
+        start: String,
+        roles: &[String],
+        from: &mut Vec<String>,
+        wh: &mut Vec<String>,
+    ) -> String {
+        let mut cur = start;
+        for role in roles {
+            let e = self.alias("e");
+            let r = self.param(Param::Role(role.clone()));
+            from.push(format!("edge {e}"));
+            wh.push(format!("{e}.successor = {cur} AND {e}.role_id = {r}"));
+            cur = format!("{e}.predecessor");
+        }
+        cur
+    }
+
+    /// Walks from `start` down to successors through `roles` taken last to first.
+    fn walk_down(
+        &mut self,
+        start: String,
+        roles: &[String],
+        from: &mut Vec<String>,
+        wh: &mut Vec<String>,
+    ) -> String {
+        let mut cur = start;
+        for role in roles.iter().rev() {
+            let e = self.alias("e");
+            let r = self.param(Param::Role(role.clone()));
+            from.push(format!("edge {e}"));
+            wh.push(format!("{e}.predecessor = {cur} AND {e}.role_id = {r}"));
+            cur = format!("{e}.successor");
+        }
+        cur
+    }
+
+    /// Joins the nodes of a block in a connected order and adds its conditions. `scope`
+    /// maps labels already known (outer blocks) to their `fact` alias. Returns whether a
+    /// driving join took more than one step (so a result may be reached twice).
+    fn block(
+        &mut self,
+        nodes: &[Node],
+        conds: &[&Condition],
+        scope: &mut HashMap<String, String>,
+        from: &mut Vec<String>,
+        wh: &mut Vec<String>,
+    ) -> Result<bool, QueryError> {
+        let mut multi = false;
+        let mut used = vec![false; conds.len()];
+        let mut pending: Vec<&Node> = Vec::new();
+        for n in nodes {
+            let f = self.alias("f");
+            let ty = self.param(Param::Type(n.type_name.clone()));
+            match n.bind {
+                Bind::Free => {
+                    pending.push(n);
+                    continue;
+                }
+                Bind::Given(h) => {
+                    let p = self.param(Param::Hash(h));
+                    wh.push(format!("{f}.hash = {p}"));
+                }
+                Bind::Seq(s) => {
+                    let p = self.param(Param::Int(s));
+                    wh.push(format!("{f}.seq = {p}"));
+                }
+                Bind::Range(lo, hi) => {
+                    let (a, b) = (self.param(Param::Int(lo)), self.param(Param::Int(hi)));
+                    wh.push(format!("{f}.seq > {a} AND {f}.seq <= {b}"));
+                }
+            }
+            from.push(format!("fact {f}"));
+            wh.push(format!("{f}.type_id = {ty}"));
+            scope.insert(n.label.clone(), f);
+        }
+        while !pending.is_empty() {
+            let mut placed = None;
+            'find: for (pi, n) in pending.iter().enumerate() {
+                for (ci, c) in conds.iter().enumerate() {
+                    let Condition::Join { left, right } = c else {
+                        continue;
+                    };
+                    if used[ci] {
+                        continue;
+                    }
+                    let (known, new) = if left.label.name == n.label
+                        && scope.contains_key(&right.label.name)
+                    {
+                        (right, left)
+                    } else if right.label.name == n.label && scope.contains_key(&left.label.name) {
+                        (left, right)
+                    } else {
+                        continue;
+                    };
+                    used[ci] = true;
+                    multi |= known.roles.len() + new.roles.len() > 1;
+                    let start = format!("{}.seq", scope[&known.label.name]);
+                    let meet = self.walk_up(start, &known.roles, from, wh);
+                    let end = self.walk_down(meet, &new.roles, from, wh);
+                    let f = self.alias("f");
+                    let ty = self.param(Param::Type(n.type_name.clone()));
+                    from.push(format!("fact {f}"));
+                    wh.push(format!("{f}.seq = {end} AND {f}.type_id = {ty}"));
+                    scope.insert(n.label.clone(), f);
+                    placed = Some(pi);
+                    break 'find;
+                }
+            }
+            match placed {
+                Some(pi) => {
+                    pending.remove(pi);
+                }
+                None if scope.is_empty() => {
+                    // A query without givens: its first match is read by type.
+                    let n = pending.remove(0);
+                    let f = self.alias("f");
+                    let ty = self.param(Param::Type(n.type_name.clone()));
+                    from.push(format!("fact {f}"));
+                    wh.push(format!("{f}.type_id = {ty}"));
+                    scope.insert(n.label.clone(), f);
+                }
+                None => {
+                    let n = pending[0];
+                    return Err(QueryError {
+                        line: 0,
+                        column: 0,
+                        message: format!("match {} is not joined to any known fact", n.label),
+                    });
+                }
+            }
+        }
+        for (ci, c) in conds.iter().enumerate() {
+            if !used[ci] {
+                let cond = self.condition(c, scope)?;
+                wh.push(cond);
+            }
+        }
+        Ok(multi)
+    }
+
+    /// A condition whose labels are all known, as an SQL boolean expression.
+    fn condition(
+        &mut self,
+        c: &Condition,
+        scope: &HashMap<String, String>,
+    ) -> Result<String, QueryError> {
+        Ok(match c {
+            Condition::Join { left, right } => {
+                let (mut from, mut wh) = (Vec::new(), Vec::new());
+                let l = format!("{}.seq", scope[&left.label.name]);
+                let r = format!("{}.seq", scope[&right.label.name]);
+                let l = self.walk_up(l, &left.roles, &mut from, &mut wh);
+                let r = self.walk_up(r, &right.roles, &mut from, &mut wh);
+                wh.push(format!("{l} = {r}"));
+                if from.is_empty() {
+                    wh.join(" AND ")
+                } else {
+                    format!(
+                        "EXISTS (SELECT 1 FROM {} WHERE {})",
+                        from.join(" CROSS JOIN "),
+                        wh.join(" AND ")
+                    )
+                }
+            }
+            Condition::Field {
+                label, field, test, ..
+            } => {
+                let (op, values) = match test {
+                    Test::Compare(op, v) => (op.code(), vec![v.clone()]),
+                    Test::In(vs) => (super::functions::IN, vs.clone()),
+                };
+                let f = self.param(Param::Text(field.clone()));
+                let o = self.param(Param::Int(op));
+                let v = self.param(Param::Blob(encode_values(values)));
+                format!("pq_test({}.bytes, {f}, {o}, {v})", scope[&label.name])
+            }
+            Condition::Exists {
+                negated, matches, ..
+            } => {
+                let nodes = free_nodes(matches);
+                let conds: Vec<&Condition> =
+                    matches.iter().flat_map(|m| m.conditions.iter()).collect();
+                let mut inner = scope.clone();
+                let (mut from, mut wh) = (Vec::new(), Vec::new());
+                self.block(&nodes, &conds, &mut inner, &mut from, &mut wh)?;
+                format!(
+                    "{}EXISTS (SELECT 1 FROM {}{}{})",
+                    if *negated { "NOT " } else { "" },
+                    from.join(" CROSS JOIN "),
+                    if wh.is_empty() { "" } else { " WHERE " },
+                    wh.join(" AND ")
+                )
+            }
+        })
+    }
+}
+
+/// Encodes predicate values as the canonical bytes of a carrier fact `{"v": [values]}`,
+/// so the SQL function reads them with the strict decoder.
+pub(crate) fn encode_values(values: Vec<Value>) -> Vec<u8> {
+    Fact::builder("q")
+        .field("v", Value::Array(values))
+        .build()
+        .map(|f| f.canonical_bytes().to_vec())
+        .unwrap_or_default()
+}
+
+/// The matches of a block as free nodes.
+pub(crate) fn free_nodes(matches: &[Match]) -> Vec<Node> {
+    matches
+        .iter()
+        .map(|m| Node {
+            label: m.label.name.clone(),
+            type_name: m.type_name.clone(),
+            bind: Bind::Free,
+        })
+        .collect()
+}
+
+/// What a compiled statement selects and in what order.
+pub(crate) struct Shape<'a> {
+    /// Labels whose `seq, hash, bytes` are selected.
+    pub output: Vec<String>,
+    pub order: &'a [OrderKey],
+    pub limit: Option<u64>,
+    /// Force DISTINCT (watch candidate queries).
+    pub distinct: bool,
+}
+
+/// Compiles a block (nodes and their conditions) with `outer` labels pinned by seq.
+pub(crate) fn compile(
+    nodes: &[Node],
+    conds: &[&Condition],
+    shape: &Shape<'_>,
+) -> Result<Plan, QueryError> {
+    let mut c = Compiler::default();
+    let (mut from, mut wh) = (Vec::new(), Vec::new());
+    let mut scope = HashMap::new();
+    let multi = c.block(nodes, conds, &mut scope, &mut from, &mut wh)?;
+    let cols: Vec<String> = shape
+        .output
+        .iter()
+        .map(|l| {
+            let f = &scope[l];
+            format!("{f}.seq, {f}.hash, {f}.bytes")
+        })
+        .collect();
+    let mut keys = Vec::new();
+    for k in shape.order {
+        let dir = if k.descending { " DESC" } else { "" };
+        match &k.by {
+            SortBy::Field(l, field) => {
+                let p = c.param(Param::Text(field.clone()));
+                keys.push(format!("pq_field({}.bytes, {p}){dir}", scope[&l.name]));
+            }
+            SortBy::Seq(l) => keys.push(format!("{}.seq{dir}", scope[&l.name])),
+        }
+    }
+    keys.extend(shape.output.iter().map(|l| format!("{}.seq", scope[l])));
+    let mut sql = format!(
+        "SELECT {}{} FROM {}",
+        if multi || shape.distinct {
+            "DISTINCT "
+        } else {
+            ""
+        },
+        cols.join(", "),
+        from.join(" CROSS JOIN ")
+    );
+    if !wh.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&wh.join(" AND "));
+    }
+    if !keys.is_empty() {
+        sql.push_str(" ORDER BY ");
+        sql.push_str(&keys.join(", "));
+    }
+    if let Some(n) = shape.limit {
+        let p = c.param(Param::Int(n.min(i64::MAX as u64) as i64));
+        sql.push_str(&format!(" LIMIT {p}"));
+    }
+    Ok(Plan {
+        sql,
+        params: c.params,
+        labels: shape.output.clone(),
+    })
+}

@@ -1,0 +1,196 @@
+//! Field values in queries: how predicates compare them and how they sort.
+//!
+//! The same functions run inside SQLite (as the scalar functions `pq_test` and
+//! `pq_field`, registered on the store's connection) and in Rust, so a predicate means
+//! one thing wherever it is evaluated:
+//! - integers and floats compare numerically (an integer with a float as binary64);
+//! - text compares bytewise (UTF-8 byte order), bytes bytewise;
+//! - booleans, null, arrays and maps support only `=`, `!=` and `in`, by equality;
+//! - values of different kinds are never equal and never ordered, so `<` is false;
+//! - a missing field makes every predicate on it false, `!=` included.
+
+use std::cmp::Ordering;
+
+use crate::fact::{Fields, Value};
+
+/// A comparison operator of a field predicate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `=`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+}
+
+impl Op {
+    /// The operator as written in the text syntax.
+    pub fn text(self) -> &'static str {
+        match self {
+            Op::Eq => "=",
+            Op::Ne => "!=",
+            Op::Lt => "<",
+            Op::Le => "<=",
+            Op::Gt => ">",
+            Op::Ge => ">=",
+        }
+    }
+
+    /// Whether the operator orders values (`<`, `<=`, `>`, `>=`) rather than testing
+    /// equality.
+    pub fn orders(self) -> bool {
+        !matches!(self, Op::Eq | Op::Ne)
+    }
+
+    pub(crate) fn code(self) -> i64 {
+        self as i64
+    }
+
+    pub(crate) fn from_code(code: i64) -> Option<Op> {
+        [Op::Eq, Op::Ne, Op::Lt, Op::Le, Op::Gt, Op::Ge]
+            .get(usize::try_from(code).ok()?)
+            .copied()
+    }
+}
+
+/// Whether a literal of this kind may appear after an ordering operator.
+pub(crate) fn orderable(v: &Value) -> bool {
+    matches!(
+        v,
+        Value::Integer(_) | Value::Float(_) | Value::Text(_) | Value::Bytes(_)
+    )
+}
+
+/// Compares two values of comparable kinds; `None` when they are of different kinds or
+/// of a kind that is not ordered.
+pub fn compare(a: &Value, b: &Value) -> Option<Ordering> {
+    match (a, b) {
+        (Value::Integer(x), Value::Integer(y)) => Some(x.cmp(y)),
+        (Value::Float(x), Value::Float(y)) => x.partial_cmp(y),
+        (Value::Integer(x), Value::Float(y)) => (*x as f64).partial_cmp(y),
+        (Value::Float(x), Value::Integer(y)) => x.partial_cmp(&(*y as f64)),
+        (Value::Text(x), Value::Text(y)) => Some(x.as_bytes().cmp(y.as_bytes())),
+        (Value::Bytes(x), Value::Bytes(y)) => Some(x.cmp(y)),
+        _ => None,
+    }
+}
+
+/// Equality as predicates see it: numeric across integers and floats, otherwise
+/// structural (`-0.0` equals `0.0`, as numbers do).
+pub fn equal(a: &Value, b: &Value) -> bool {
+    match compare(a, b) {
+        Some(o) => o == Ordering::Equal,
+        None => a == b,
+    }
+}
+
+/// Whether `field` (absent: `None`) passes `op` against `value`.
+pub fn test(field: Option<&Value>, op: Op, value: &Value) -> bool {
+    let Some(field) = field else { return false };
+    match op {
+        Op::Eq => equal(field, value),
+        Op::Ne => !equal(field, value) && same_kind(field, value),
+        _ => match compare(field, value) {
+            Some(o) => match op {
+                Op::Lt => o == Ordering::Less,
+                Op::Le => o != Ordering::Greater,
+                Op::Gt => o == Ordering::Greater,
+                _ => o != Ordering::Less,
+            },
+            None => false,
+        },
+    }
+}
+
+/// Whether `field` equals one of `values`.
+pub fn test_in(field: Option<&Value>, values: &[Value]) -> bool {
+    field.is_some_and(|f| values.iter().any(|v| equal(f, v)))
+}
+
+fn same_kind(a: &Value, b: &Value) -> bool {
+    let numeric = |v: &Value| matches!(v, Value::Integer(_) | Value::Float(_));
+    (numeric(a) && numeric(b)) || std::mem::discriminant(a) == std::mem::discriminant(b)
+}
+
+/// The sort key of a field for `order by`: SQLite's order of storage classes, which the
+/// compiled SQL uses. Missing, null, booleans, arrays and maps sort first (as SQL NULL, in
+/// release order among themselves), then numbers (integers beyond 64 bits as binary64),
+/// then text bytewise, then bytes bytewise.
+#[derive(Clone, Debug, PartialEq, PartialOrd)]
+pub enum SortKey {
+    /// Missing or not orderable.
+    Null,
+    /// A number.
+    Number(f64),
+    /// Text, compared by UTF-8 bytes.
+    Text(Vec<u8>),
+    /// Bytes.
+    Bytes(Vec<u8>),
+}
+
+/// The sort key of a field value.
+pub fn sort_key(field: Option<&Value>) -> SortKey {
+    match field {
+        Some(Value::Integer(i)) => SortKey::Number(*i as f64),
+        Some(Value::Float(f)) => SortKey::Number(*f),
+        Some(Value::Text(t)) => SortKey::Text(t.as_bytes().to_vec()),
+        Some(Value::Bytes(b)) => SortKey::Bytes(b.clone()),
+        _ => SortKey::Null,
+    }
+}
+
+/// The SQLite value `pq_field` returns for a field: what [`sort_key`] describes.
+pub(crate) fn sql_value(field: Option<&Value>) -> rusqlite::types::Value {
+    use rusqlite::types::Value as Sql;
+    match field {
+        Some(Value::Integer(i)) => match i64::try_from(*i) {
+            Ok(i) => Sql::Integer(i),
+            Err(_) => Sql::Real(*i as f64),
+        },
+        Some(Value::Float(f)) => Sql::Real(*f),
+        Some(Value::Text(t)) => Sql::Text(t.clone()),
+        Some(Value::Bytes(b)) => Sql::Blob(b.clone()),
+        _ => Sql::Null,
+    }
+}
+
+/// Reads the fields of canonical fact bytes (strictly decoded: stored bytes were checked
+/// when written, so this never fails on an intact database).
+pub(crate) fn fields_of(bytes: &[u8]) -> Option<Fields> {
+    crate::encoding::decode(bytes).ok().map(|(_, f, _)| f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_compare_across_kinds_and_others_do_not() {
+        assert!(test(Some(&Value::Integer(2)), Op::Lt, &Value::Float(2.5)));
+        assert!(test(Some(&Value::Float(2.0)), Op::Eq, &Value::Integer(2)));
+        assert!(!test(
+            Some(&Value::Text("a".into())),
+            Op::Lt,
+            &Value::Integer(1)
+        ));
+        assert!(!test(
+            Some(&Value::Text("a".into())),
+            Op::Ne,
+            &Value::Integer(1)
+        ));
+        assert!(test(Some(&Value::Bool(true)), Op::Ne, &Value::Bool(false)));
+        assert!(!test(None, Op::Ne, &Value::Integer(1)));
+        assert!(test(
+            Some(&Value::Text("B".into())),
+            Op::Lt,
+            &Value::Text("a".into())
+        ));
+    }
+}

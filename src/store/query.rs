@@ -1,0 +1,62 @@
+//! The store side of queries: running a statement compiled by `crate::query`, with the
+//! query functions registered on the connection, and looking up name ids.
+//!
+//! The SQL itself is built in `src/query/sql.rs`; this file only runs it.
+
+use rusqlite::Row;
+use rusqlite::types::Value as Sql;
+
+use super::Store;
+use super::names::Kind;
+use crate::error::Result;
+
+impl Store {
+    /// Runs a compiled read-only statement, calling `f` for each row. The query functions
+    /// (`pq_test`, `pq_field`) are registered the first time a statement needs them.
+    pub(crate) fn run_query(
+        &self,
+        sql: &str,
+        params: &[Sql],
+        mut f: impl FnMut(&Row<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut stmt = match self.conn.prepare_cached(sql) {
+            Ok(s) => s,
+            Err(e) if e.to_string().contains("no such function: pq_") => {
+                crate::query::functions::register(&self.conn)?;
+                self.conn.prepare_cached(sql)?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
+        while let Some(row) = rows.next()? {
+            f(row)?;
+        }
+        Ok(())
+    }
+
+    /// The query plan SQLite chooses for a compiled statement (`EXPLAIN QUERY PLAN`), one
+    /// line per step.
+    pub(crate) fn query_plan(&self, sql: &str, params: &[Sql]) -> Result<Vec<String>> {
+        let explain = format!("EXPLAIN QUERY PLAN {sql}");
+        let mut out = Vec::new();
+        self.run_query(&explain, params, |r| {
+            out.push(r.get::<_, String>(3)?);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// The id of a fact type (`role == false`) or role name, if any fact uses it.
+    pub(crate) fn name_id(&self, role: bool, name: &str) -> Result<Option<i64>> {
+        let kind = if role { Kind::Role } else { Kind::Type };
+        self.ctx.names.lookup(&self.conn, kind, name)
+    }
+
+    /// The highest release sequence number (0 when empty), read from the primary key.
+    pub(crate) fn last_seq(&self) -> Result<i64> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT coalesce(max(seq), 0) FROM fact")?
+            .query_row([], |r| r.get(0))?)
+    }
+}

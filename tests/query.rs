@@ -1,0 +1,391 @@
+//! Queries: every example of docs/queries.md runs against the documented data and must
+//! print exactly the documented output, and its plan must search indexes, never scan;
+//! the documented errors; the builder; typed facts.
+
+use precedent::query::{Arity, Cond, FactType, Givens, Op, Projection, Query, Ref};
+use precedent::{Error, Fact, FactHash, Store};
+use proptest::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// The data docs/queries.md describes; returns the store and the givens `s` and `c`.
+fn documented_store() -> (Store, Givens) {
+    let mut facts = Vec::new();
+    let shop = |name: &str| Fact::builder("Shop").field("name", name).build().unwrap();
+    let (corner, market) = (shop("corner"), shop("market"));
+    facts.extend([corner.clone(), market.clone()]);
+    let orders: Vec<Fact> = [
+        (1, 5.0f64, "new", &corner),
+        (2, 12.5, "open", &corner),
+        (3, 30.0, "open", &corner),
+        (4, 8.0, "new", &corner),
+        (5, 1.0, "new", &market),
+    ]
+    .iter()
+    .map(|(id, total, state, s)| {
+        let b = Fact::builder("Shop.Order")
+            .field("id", *id)
+            .field("state", *state);
+        // Whole totals are integers, as a person would write them.
+        let b = if total.fract() == 0.0 {
+            b.field("total", *total as i64)
+        } else {
+            b.field("total", *total)
+        };
+        b.predecessor("shop", s.hash()).build().unwrap()
+    })
+    .collect();
+    facts.extend(orders.iter().cloned());
+    let ship = |carrier: &str, o: &Fact| {
+        Fact::builder("Shop.Shipment")
+            .field("carrier", carrier)
+            .predecessor("order", o.hash())
+            .build()
+            .unwrap()
+    };
+    let (post, courier) = (ship("post", &orders[1]), ship("courier", &orders[3]));
+    let cancel = Fact::builder("Shop.Cancellation")
+        .predecessor("shipment", courier.hash())
+        .build()
+        .unwrap();
+    facts.extend([post, courier, cancel]);
+    let customer = Fact::builder("Customer")
+        .field("email", "ada@example.org")
+        .build()
+        .unwrap();
+    let first = Fact::builder("Customer.Name")
+        .field("value", "Ada")
+        .predecessor("customer", customer.hash())
+        .build()
+        .unwrap();
+    let second = Fact::builder("Customer.Name")
+        .field("value", "Ada L.")
+        .predecessor("customer", customer.hash())
+        .predecessor("prior", first.hash())
+        .build()
+        .unwrap();
+    facts.extend([customer.clone(), first, second]);
+    let mut store = Store::open_in_memory().unwrap();
+    store.insert_batch(facts).unwrap();
+    let givens = Givens::from([
+        ("s".to_string(), corner.hash()),
+        ("c".to_string(), customer.hash()),
+    ]);
+    (store, givens)
+}
+
+/// The (query, expected output) pairs of docs/queries.md.
+fn documented_examples() -> Vec<(String, String)> {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/queries.md")).unwrap();
+    let mut blocks = Vec::new();
+    let mut lines = doc.lines();
+    while let Some(line) = lines.next() {
+        if let Some(kind) = line
+            .strip_prefix("```")
+            .filter(|k| *k == "query" || *k == "output")
+        {
+            let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+            blocks.push((kind.to_string(), body.join("\n")));
+        }
+    }
+    let mut out = Vec::new();
+    for pair in blocks.chunks(2) {
+        assert_eq!(pair.len(), 2, "a query block without its output block");
+        assert_eq!(
+            (pair[0].0.as_str(), pair[1].0.as_str()),
+            ("query", "output")
+        );
+        out.push((pair[0].1.clone(), pair[1].1.clone()));
+    }
+    assert!(out.len() >= 10, "docs/queries.md lost examples");
+    out
+}
+
+/// Only the givens a query declares.
+fn givens_for(q: &Query, all: &Givens) -> Givens {
+    q.givens
+        .iter()
+        .map(|g| (g.label.name.clone(), all[&g.label.name]))
+        .collect()
+}
+
+#[test]
+fn every_documented_example_prints_its_documented_output() {
+    let (store, givens) = documented_store();
+    for (text, expected) in documented_examples() {
+        let q = Query::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e}"));
+        let rows = store.query(&q, &givens_for(&q, &givens)).unwrap();
+        let got: Vec<String> = rows.iter().map(|r| r.value.to_json().to_string()).collect();
+        assert_eq!(got.join("\n"), expected, "query:\n{text}");
+    }
+}
+
+#[test]
+fn every_documented_example_searches_indexes_and_never_scans() {
+    let (store, givens) = documented_store();
+    for (text, _) in documented_examples() {
+        let q = Query::parse(&text).unwrap();
+        let plan = store.explain(&q, &givens_for(&q, &givens)).unwrap();
+        for step in &plan {
+            assert!(
+                !step.starts_with("SCAN"),
+                "query:\n{text}\nscans: {step}\nplan: {plan:#?}"
+            );
+        }
+        let uses = |what: &str| plan.iter().any(|s| s.contains(what));
+        if q.givens.is_empty() {
+            assert!(uses("fact_by_type"), "{text}\n{plan:#?}");
+        } else {
+            assert!(
+                uses("(hash=?)"),
+                "a given is found by hash: {text}\n{plan:#?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn documented_errors_point_at_line_and_column() {
+    let cases = [
+        (
+            "given s: Shop match o Shop.Order",
+            (1, 23),
+            "expected \":\" after the label, found \"Shop\"",
+        ),
+        (
+            "given s: Shop match o: Shop.Order where o->shop = t select o",
+            (1, 51),
+            "unknown label t (known here: s, o)",
+        ),
+        (
+            "given s: Shop match o: Shop.Order where o->shop = s match p: Shop.Payment where p.total > 1 select o",
+            (1, 59),
+            "match p is not joined to s, o",
+        ),
+        (
+            "given s: Shop match o: Shop.Order where o->shop = s and o.total < true select o",
+            (1, 65),
+            "type mismatch: < compares numbers, text or bytes, not a boolean",
+        ),
+        (
+            "given s: Shop match o: Shop.Order where o->shop = 3 select o",
+            (1, 51),
+            "type mismatch: o is a fact, compared here with 3",
+        ),
+        (
+            "given s: Shop\nmatch o: Shop.Order where o->shop = s\n  and o.id = s select o",
+            (3, 14),
+            "type mismatch: o.id is a value",
+        ),
+        (
+            "given s: Shop\nmatch o: Shop.Order where o->shop = s\n",
+            (3, 1),
+            "expected match",
+        ),
+        (
+            "match o: Order where o.n in [] select o",
+            (1, 30),
+            "expected a value",
+        ),
+        (
+            "given s: Shop given s: Shop select s",
+            (1, 21),
+            "label s is already used",
+        ),
+        (
+            "given s: Shop select s.name \"x",
+            (1, 29),
+            "text without its closing",
+        ),
+    ];
+    for (text, (line, column), fragment) in cases {
+        let err = Query::parse(text).unwrap_err();
+        let Error::Query(e) = &err else {
+            panic!("{text}: {err}")
+        };
+        assert!(e.message.contains(fragment), "{text}: {e}");
+        assert_eq!((e.line, e.column), (line, column), "{text}: {e}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("query at line {line}, column {column}: "))
+        );
+    }
+}
+
+#[test]
+fn the_builder_makes_the_same_query_as_the_text() {
+    let (store, givens) = documented_store();
+    let built = Query::builder()
+        .given("s", "Shop")
+        .matching(
+            "o",
+            "Shop.Order",
+            [
+                Cond::join("o", &["shop"], "s", &[]),
+                Cond::not_exists([(
+                    "sh",
+                    "Shop.Shipment",
+                    vec![Cond::join("sh", &["order"], "o", &[])],
+                )]),
+                Cond::field("o", "total", Op::Ge, 1),
+            ],
+        )
+        .order_by_field("o", "id", true)
+        .select(Projection::Field("o".into(), "id".into()))
+        .unwrap();
+    let text = Query::parse(
+        "given s: Shop match o: Shop.Order where o->shop = s
+           and not exists (match sh: Shop.Shipment where sh->order = o) and o.total >= 1
+         order by o.id desc select o.id",
+    )
+    .unwrap();
+    let g = givens_for(&built, &givens);
+    assert_eq!(
+        store.query(&built, &g).unwrap(),
+        store.query(&text, &g).unwrap()
+    );
+    assert_eq!(store.query(&built, &g).unwrap().len(), 2);
+    let disconnected = Query::builder()
+        .given("s", "Shop")
+        .matching("o", "Shop.Order", [])
+        .select(Projection::Fact("o".into()));
+    assert!(disconnected.unwrap_err().message.contains("not joined"));
+}
+
+#[test]
+fn an_unbound_given_and_an_unknown_type_are_handled() {
+    let (store, givens) = documented_store();
+    let q = Query::parse("given s: Shop match o: Nothing where o->shop = s select o").unwrap();
+    assert!(
+        store
+            .query(&q, &givens_for(&q, &givens))
+            .unwrap()
+            .is_empty()
+    );
+    let err = store.query(&q, &Givens::new()).unwrap_err();
+    assert!(err.to_string().contains("given s is not bound"), "{err}");
+    let absent = Givens::from([("s".to_string(), FactHash([7; 32]))]);
+    assert!(store.query(&q, &absent).unwrap().is_empty());
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Shop {
+    name: String,
+}
+impl FactType for Shop {
+    const TYPE: &'static str = "Shop";
+    const PREDECESSORS: &'static [(&'static str, Arity)] = &[];
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Order {
+    shop: Ref<Shop>,
+    id: i64,
+    total: f64,
+    note: Option<String>,
+    tags: Vec<String>,
+    replaces: Option<Ref<Order>>,
+    bundles: Vec<Ref<Shop>>,
+}
+impl FactType for Order {
+    const TYPE: &'static str = "Shop.Order";
+    const PREDECESSORS: &'static [(&'static str, Arity)] = &[
+        ("shop", Arity::One),
+        ("replaces", Arity::Optional),
+        ("bundles", Arity::Many),
+    ];
+}
+
+#[test]
+fn typed_facts_save_load_and_query() {
+    let mut store = Store::open_in_memory().unwrap();
+    let shop = store
+        .save(&Shop {
+            name: "corner".into(),
+        })
+        .unwrap();
+    let order = Order {
+        shop,
+        id: 7,
+        total: 2.0,
+        note: None,
+        tags: vec!["gift".into()],
+        replaces: None,
+        bundles: vec![],
+    };
+    let r = store.save(&order).unwrap();
+    assert_eq!(store.load(r).unwrap(), order);
+    // The stored fact is what the JSON form would give: 2.0 a float, id an integer.
+    let fact = store.get(&r.hash()).unwrap().unwrap();
+    assert_eq!(fact.field("total"), Some(&precedent::Value::Float(2.0)));
+    assert_eq!(fact.field("id"), Some(&precedent::Value::Integer(7)));
+    assert_eq!(fact.predecessors()["shop"].len(), 1);
+    let q = Query::parse("given s: Shop match o: Shop.Order where o->shop = s select o").unwrap();
+    let rows: Vec<(Ref<Order>, Order)> = store
+        .query_as(&q, &Givens::from([("s".to_string(), shop.hash())]))
+        .unwrap();
+    assert_eq!(rows, vec![(r, order)]);
+    let wrong = store.load(Ref::<Shop>::new(r.hash())).unwrap_err();
+    assert!(matches!(wrong, Error::WrongType { .. }), "{wrong}");
+}
+
+fn order_strategy() -> impl Strategy<Value = (String, Order)> {
+    (
+        "[a-z]{0,8}",
+        any::<i64>(),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()),
+        proptest::option::of("\\PC{0,12}"),
+        proptest::collection::vec("[a-z]{1,4}", 0..3),
+        proptest::collection::vec("[a-z]{1,6}", 0..3),
+        any::<bool>(),
+    )
+        .prop_map(|(name, id, total, note, tags, bundle_names, replaces)| {
+            let shop_hash = |n: &str| {
+                precedent::query::typed::to_fact(&Shop { name: n.into() })
+                    .unwrap()
+                    .hash()
+            };
+            let mut bundles: Vec<Ref<Shop>> = bundle_names
+                .iter()
+                .map(|n| Ref::new(shop_hash(n)))
+                .collect();
+            bundles.sort_by_key(|r| r.hash());
+            bundles.dedup();
+            let order = Order {
+                shop: Ref::new(shop_hash(&name)),
+                id,
+                total,
+                note,
+                tags,
+                replaces: replaces.then(|| Ref::new(shop_hash("old"))),
+                bundles,
+            };
+            (name, order)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// A typed fact survives save and load exactly, and its hash is its content's.
+    #[test]
+    fn typed_facts_round_trip((_name, order) in order_strategy()) {
+        let fact = precedent::query::typed::to_fact(&order).unwrap();
+        let back: Order = precedent::query::typed::from_fact(&fact).unwrap();
+        prop_assert_eq!(&back, &order);
+        let again = Fact::from_canonical(fact.canonical_bytes()).unwrap();
+        let back: Order = precedent::query::typed::from_fact(&again).unwrap();
+        prop_assert_eq!(&back, &order);
+        let mut store = Store::open_in_memory().unwrap();
+        let mut shops = vec![Shop { name: _name.clone() }, Shop { name: "old".into() }];
+        let _ = &mut shops;
+        for s in &shops {
+            store.save(s).unwrap();
+        }
+        let r = store.save(&order).unwrap();
+        prop_assert_eq!(r.hash(), fact.hash());
+        if store.get(&r.hash()).unwrap().is_some() {
+            prop_assert_eq!(store.load(r).unwrap(), order);
+        }
+    }
+}
