@@ -155,8 +155,11 @@ impl Watch {
 
     fn refresh_givens(&mut self, store: &Store) -> Result<()> {
         let mut all = true;
-        for h in self.givens.values() {
-            all &= store.seq_of(h)?.is_some();
+        for g in &self.query.givens {
+            // An unbound given fails when the query runs, with its name.
+            if let Some(h) = self.givens.get(&g.label.name) {
+                all &= store.seq_of(h)?.is_some();
+            }
         }
         self.givens_released = all;
         Ok(())
