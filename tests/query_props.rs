@@ -109,7 +109,7 @@ fn query_text(rng: &mut fastrand::Rng, with_given: bool) -> String {
         0 => q.push_str("\n  and not exists (match x: C where x->b = b)"),
         1 => {
             let inner = if rng.bool() {
-                format!("{}", pred(rng, "x"))
+                pred(rng, "x")
             } else {
                 String::new()
             };
