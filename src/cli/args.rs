@@ -94,6 +94,13 @@ pub enum Command {
     Stats,
     /// Build a small shop in the database, delivered out of order, and narrate it.
     Demo,
+    /// Run a query (docs/queries.md) and print its results: a table, or JSON Lines with
+    /// --json. Example:
+    /// precedent query 'given s: Shop match o: Shop.Order where o->shop = s select o.id' --given s=3f9a0c1d
+    Query(crate::cli::query::QueryArgs),
+    /// Print a query's results, then each change as facts arrive (from any process), as
+    /// JSON Lines: {"change":"added"|"removed","key":[...],"result":...}; until interrupted.
+    Watch(crate::cli::query::WatchArgs),
     /// Serve this database to other nodes over HTTP (sync protocol v1) until SIGINT/SIGTERM.
     Serve(crate::cli::sync::ServeArgs),
     /// Sync with a node served by `precedent serve`: pull, fetch missing ancestors, push.

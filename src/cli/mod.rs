@@ -16,6 +16,7 @@ mod export;
 mod facts;
 mod import;
 mod inspect;
+mod query;
 mod queue;
 mod records;
 mod sync;
@@ -57,7 +58,9 @@ pub fn exit_code(err: &Error) -> u8 {
         | Error::Json { .. }
         | Error::HashMismatch { .. }
         | Error::BadHash { .. }
-        | Error::HeldLimit { .. } => exit::INVALID,
+        | Error::HeldLimit { .. }
+        | Error::Query(_)
+        | Error::WrongType { .. } => exit::INVALID,
         Error::NotFound { .. } | Error::UnknownPrefix { .. } | Error::AmbiguousPrefix { .. } => {
             exit::NOT_FOUND
         }
@@ -166,6 +169,8 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Verify => inspect::verify(&global),
         Command::Stats => inspect::stats(&global),
         Command::Demo => demo::demo(&global),
+        Command::Query(a) => query::query(&global, a),
+        Command::Watch(a) => query::watch(&global, a),
         Command::Serve(a) => sync::serve(&global, a),
         Command::Sync(a) => sync::sync(&global, a),
         Command::Peers => sync::peers(&global),

@@ -1,0 +1,172 @@
+//! `precedent query` and `precedent watch` end to end, as separate processes.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use precedent::{Fact, Store};
+
+fn precedent(db: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_precedent"));
+    c.arg("--db").arg(db);
+    c
+}
+
+fn shop_db() -> (tempfile::TempDir, std::path::PathBuf, Fact) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("q.db");
+    let mut store = Store::open(&db).unwrap();
+    let shop = Fact::builder("Shop")
+        .field("name", "corner")
+        .build()
+        .unwrap();
+    let mut facts = vec![shop.clone()];
+    for id in 1..=3 {
+        facts.push(
+            Fact::builder("Shop.Order")
+                .field("id", id)
+                .predecessor("shop", shop.hash())
+                .build()
+                .unwrap(),
+        );
+    }
+    facts.push(
+        Fact::builder("Shop.Shipment")
+            .predecessor("order", facts[2].hash())
+            .build()
+            .unwrap(),
+    );
+    store.insert_batch(facts).unwrap();
+    (dir, db, shop)
+}
+
+const PENDING: &str = "given s: Shop
+match o: Shop.Order where o->shop = s
+  and not exists (match sh: Shop.Shipment where sh->order = o)
+select {id: o.id, order: hash(o)}";
+
+#[test]
+fn query_prints_json_lines_and_a_table_with_givens_by_prefix() {
+    let (_dir, db, shop) = shop_db();
+    let given = format!("s={}", shop.hash().short(10));
+    let out = precedent(&db)
+        .args(["--json", "query", PENDING, "--given", &given])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<i64> = lines.iter().map(|l| l["id"].as_i64().unwrap()).collect();
+    assert_eq!(ids, [1, 3]);
+    assert_eq!(lines[0]["order"].as_str().unwrap().len(), 64);
+
+    let file = db.with_file_name("pending.pq");
+    std::fs::write(&file, PENDING).unwrap();
+    let out = precedent(&db)
+        .args(["query", "-f"])
+        .arg(&file)
+        .args(["--given", &given])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<&str> = table.lines().collect();
+    assert!(
+        rows[0].starts_with("id") && rows[0].contains("order"),
+        "{table}"
+    );
+    assert_eq!(rows.len(), 3, "{table}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 results"));
+}
+
+#[test]
+fn query_errors_have_exit_codes_and_positions() {
+    let (_dir, db, shop) = shop_db();
+    let given = format!("s={}", shop.hash());
+    let out = precedent(&db)
+        .args([
+            "query",
+            "given s: Shop\nmatch o: Shop.Order where o->shop = t select o",
+        ])
+        .args(["--given", &given])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2, column 37: unknown label t"), "{err}");
+    // A given of the wrong type.
+    let order_hash = Store::open(&db)
+        .unwrap()
+        .facts_of_type("Shop.Order")
+        .unwrap()[0]
+        .hash();
+    let out = precedent(&db)
+        .args(["query", PENDING, "--given", &format!("s={order_hash}")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a Shop"));
+    // An unknown prefix is "not found".
+    let out = precedent(&db)
+        .args(["query", PENDING, "--given", "s=00000000"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    // A given left unbound is a usage error.
+    let out = precedent(&db).args(["query", PENDING]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn watch_streams_additions_and_removals_from_other_processes() {
+    let (_dir, db, shop) = shop_db();
+    let mut child = precedent(&db)
+        .args(["watch", PENDING, "--given", &format!("s={}", shop.hash())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next =
+        || -> serde_json::Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    let (a, b) = (next(), next());
+    assert_eq!(
+        (a["change"].as_str(), b["change"].as_str()),
+        (Some("added"), Some("added"))
+    );
+    // Another process adds an order, then ships it.
+    let add = |json: String| {
+        let out = precedent(&db).args(["add", &json]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let started = Instant::now();
+    let order = add(format!(
+        r#"{{"type":"Shop.Order","fields":{{"id":9}},"predecessors":{{"shop":"{}"}}}}"#,
+        shop.hash()
+    ));
+    let added = next();
+    assert_eq!(added["change"], "added");
+    assert_eq!(added["result"]["id"], 9);
+    assert_eq!(added["result"]["order"], order.as_str());
+    add(format!(
+        r#"{{"type":"Shop.Shipment","predecessors":{{"order":"{order}"}}}}"#
+    ));
+    let removed = next();
+    assert_eq!(removed["change"], "removed");
+    assert_eq!(removed["result"]["id"], 9);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
