@@ -1,0 +1,188 @@
+//! The state every request shares: the store pool, tokens, limits, metrics, and the JSON
+//! error answer.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use tokio::sync::watch;
+
+use super::Limits;
+use crate::error::{Error, Result};
+use crate::store::{SetDigest, Store, StoreOptions};
+use crate::sync::auth::{Access, Grant, Tokens};
+use crate::sync::metrics::Metrics;
+use crate::sync::wire::{self, ErrorBody};
+
+/// Stores kept open between requests, so a request does not pay for opening the file.
+pub(super) struct Pool {
+    pub(super) db: PathBuf,
+    pub(super) options: StoreOptions,
+    pub(super) idle: Mutex<Vec<Store>>,
+}
+
+impl Pool {
+    pub(super) fn take(&self) -> Result<Store> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match idle {
+            Some(s) => Ok(s),
+            None => Store::open_with(&self.db, self.options.clone()),
+        }
+    }
+
+    pub(super) fn give(&self, store: Store) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < 8 {
+            idle.push(store);
+        }
+    }
+}
+
+pub(super) struct App {
+    pub(super) pool: Pool,
+    pub(super) tokens: Tokens,
+    pub(super) limits: Limits,
+    pub(super) poll: Duration,
+    pub(super) metrics: Metrics,
+    /// The digest of the released set, brought up to date incrementally.
+    pub(super) digest: Mutex<SetDigest>,
+    pub(super) shutdown: watch::Receiver<bool>,
+}
+
+impl App {
+    /// Runs `f` with a pooled store on a blocking thread.
+    pub(super) async fn with_store<T: Send + 'static>(
+        self: &Arc<App>,
+        f: impl FnOnce(&mut Store) -> Result<T> + Send + 'static,
+    ) -> Result<T, Failure> {
+        let app = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut store = app.pool.take()?;
+            let out = f(&mut store);
+            app.pool.give(store);
+            out
+        })
+        .await
+        .map_err(|e| Failure::internal(format!("worker failed: {e}")))?
+        .map_err(Failure::from)
+    }
+}
+
+/// An error answer: status, code and message, sent as JSON.
+#[derive(Debug)]
+pub(super) struct Failure {
+    pub(super) status: StatusCode,
+    pub(super) code: &'static str,
+    pub(super) message: String,
+}
+
+impl Failure {
+    pub(super) fn new(
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Failure {
+        Failure {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(super) fn internal(message: String) -> Failure {
+        Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Failure {
+        match e {
+            Error::HeldLimit { limit, .. } => Failure::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "held_limit",
+                format!(
+                    "this peer already has {limit} facts held here, the most allowed; send their ancestors first"
+                ),
+            ),
+            Error::Sqlite(rusqlite::Error::SqliteFailure(f, _))
+                if f.code == rusqlite::ErrorCode::DatabaseBusy =>
+            {
+                Failure::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "busy",
+                    "database is busy; retry",
+                )
+            }
+            other => Failure::internal(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        error_response(self.status, self.code, &self.message)
+    }
+}
+
+pub(super) fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
+    let body = serde_json::to_vec(&ErrorBody {
+        error: code.into(),
+        message: message.into(),
+    })
+    .expect("error body serialises");
+    let mut r = (status, body).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(wire::JSON));
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    r
+}
+
+/// Who is asking and what they may do.
+pub(super) struct Caller {
+    pub(super) name: String,
+    pub(super) grant: Option<Grant>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Need {
+    Read,
+    Write,
+}
+
+pub(super) fn authorize(app: &App, headers: &HeaderMap, need: Need) -> Result<Caller, Failure> {
+    let auth = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    match app.tokens.check(auth) {
+        Access::Open => Ok(Caller {
+            name: "anonymous".into(),
+            grant: None,
+        }),
+        Access::Unauthorized => Err(Failure::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or unknown bearer token",
+        )),
+        Access::Granted(g) => {
+            let ok = match need {
+                Need::Read => g.read,
+                Need::Write => g.write,
+            };
+            if !ok {
+                let what = if need == Need::Read { "read" } else { "write" };
+                return Err(Failure::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    format!("token {:?} may not {what}", g.name),
+                ));
+            }
+            Ok(Caller {
+                name: g.name.clone(),
+                grant: Some(g.clone()),
+            })
+        }
+    }
+}

@@ -1,0 +1,483 @@
+//! The routes: health, info, metrics, pull (paged, long-poll, scoped, streamed), push and
+//! fetch.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{RawQuery, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use tokio::sync::mpsc;
+
+use super::Limits;
+use crate::error::{Error, Result};
+use crate::fact::Fact;
+use crate::hash::FactHash;
+use crate::sync::metrics::{Gauges, inc};
+use crate::sync::wire::{self, FetchRequest, Health, Info, PushReport, Rejected};
+
+use super::app::{App, Failure, Need, authorize, error_response};
+
+pub(super) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route(wire::PATH_HEALTH, get(health))
+        .route(wire::PATH_INFO, get(info))
+        .route(wire::PATH_FACTS, get(pull).post(push))
+        .route(wire::PATH_FETCH, post(fetch))
+        .route(wire::PATH_METRICS, get(metrics))
+        .fallback(|| async { Failure::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        .layer(middleware::from_fn_with_state(app.clone(), guard))
+        .with_state(app)
+}
+
+/// Applies the request timeout and counts error answers.
+async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let limit = app.limits.request_timeout;
+    let response = match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => Failure::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            format!("request took longer than {} s", limit.as_secs_f64()),
+        )
+        .into_response(),
+    };
+    if response.status() == StatusCode::METHOD_NOT_ALLOWED {
+        inc(&app.metrics.errors, 1);
+        return error_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "method not allowed on this endpoint",
+        );
+    }
+    if !response.status().is_success() {
+        inc(&app.metrics.errors, 1);
+    }
+    response
+}
+
+async fn health() -> Response {
+    json_response(&Health {
+        status: "ok".into(),
+        protocol: wire::PROTOCOL_VERSION,
+    })
+}
+
+fn json_response<T: serde::Serialize>(value: &T) -> Response {
+    let body = serde_json::to_vec(value).expect("answer serialises");
+    ([(header::CONTENT_TYPE, wire::JSON)], body).into_response()
+}
+
+async fn info(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, Failure> {
+    authorize(&app, &headers, Need::Read)?;
+    inc(&app.metrics.requests_info, 1);
+    let a = app.clone();
+    let (digest, held) = app
+        .with_store(move |store| {
+            let start = *a.digest.lock().unwrap_or_else(|e| e.into_inner());
+            let d = store.digest_since(start)?;
+            let mut cached = a.digest.lock().unwrap_or_else(|e| e.into_inner());
+            if d.through > cached.through {
+                *cached = d;
+            }
+            Ok((d, store.held_count()?))
+        })
+        .await?;
+    Ok(json_response(&Info {
+        protocol: wire::PROTOCOL_VERSION,
+        count: digest.count,
+        digest: digest.xor_hex(),
+        max_seq: digest.through,
+        held,
+    }))
+}
+
+async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, Failure> {
+    authorize(&app, &headers, Need::Read)?;
+    let gauges = app
+        .with_store(|store| {
+            let (facts, max_seq) = store.count_and_max_seq()?;
+            Ok(Gauges {
+                facts,
+                max_seq,
+                held: store.held_count()?,
+                quarantined: store.quarantine_count()?,
+            })
+        })
+        .await?;
+    let text = app.metrics.render(&gauges);
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// A pull's query: `after`, `limit`, `wait_ms` and repeated `root`.
+struct PullQuery {
+    after: i64,
+    limit: u64,
+    wait: Duration,
+    roots: Vec<FactHash>,
+}
+
+fn bad_request(message: impl Into<String>) -> Failure {
+    Failure::new(StatusCode::BAD_REQUEST, "bad_request", message)
+}
+
+fn parse_pull_query(q: Option<&str>, limits: &Limits) -> Result<PullQuery, Failure> {
+    let mut out = PullQuery {
+        after: 0,
+        limit: 10_000.min(limits.max_facts_per_request),
+        wait: Duration::ZERO,
+        roots: Vec::new(),
+    };
+    for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let num = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| bad_request(format!("{k}={v:?} is not a whole number")))
+        };
+        match k {
+            "after" => {
+                out.after =
+                    i64::try_from(num(v)?).map_err(|_| bad_request("after is out of range"))?
+            }
+            "limit" => {
+                let n = num(v)?;
+                if n == 0 || n > limits.max_facts_per_request {
+                    return Err(Failure::new(
+                        StatusCode::BAD_REQUEST,
+                        "bad_request",
+                        format!(
+                            "limit must be 1 to {}, not {n}",
+                            limits.max_facts_per_request
+                        ),
+                    ));
+                }
+                out.limit = n;
+            }
+            "wait_ms" => out.wait = Duration::from_millis(num(v)?).min(limits.max_wait),
+            "root" => {
+                let h = crate::hash::HashPrefix::parse(v)
+                    .ok()
+                    .and_then(|p| p.full())
+                    .ok_or_else(|| bad_request(format!("root={v:?} is not a 64-digit hash")))?;
+                if out.roots.len() >= 1024 {
+                    return Err(bad_request("at most 1024 roots"));
+                }
+                out.roots.push(h);
+            }
+            other => return Err(bad_request(format!("unknown parameter {other:?}"))),
+        }
+    }
+    Ok(out)
+}
+
+/// One page of a pull, decided before the body starts.
+struct Page {
+    count: u64,
+    through: i64,
+    max_seq: i64,
+    /// For a scoped pull, the sequence numbers of the page.
+    seqs: Option<Vec<i64>>,
+}
+
+async fn pull(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Result<Response, Failure> {
+    let caller = authorize(&app, &headers, Need::Read)?;
+    let q = Arc::new(parse_pull_query(q.as_deref(), &app.limits)?);
+    inc(&app.metrics.requests_pull, 1);
+    let deadline = Instant::now() + q.wait;
+    let mut shutdown = app.shutdown.clone();
+    let page = loop {
+        let qq = q.clone();
+        let page = app
+            .with_store(move |store| {
+                let max_seq = store.max_seq()?;
+                if qq.roots.is_empty() {
+                    let (count, through) = store.release_page(qq.after, qq.limit)?;
+                    Ok(Page {
+                        count,
+                        through,
+                        max_seq,
+                        seqs: None,
+                    })
+                } else {
+                    let seqs = store.scope_page(&qq.roots, qq.after, max_seq, qq.limit)?;
+                    Ok(Page {
+                        count: seqs.len() as u64,
+                        through: seqs.last().copied().unwrap_or(qq.after.max(0)),
+                        max_seq,
+                        seqs: Some(seqs),
+                    })
+                }
+            })
+            .await?;
+        // A scoped page that found nothing new has still seen everything up to max_seq.
+        let page = match page {
+            Page {
+                count: 0,
+                seqs: Some(s),
+                max_seq,
+                ..
+            } if max_seq > q.after => Page {
+                count: 0,
+                through: max_seq,
+                max_seq,
+                seqs: Some(s),
+            },
+            p => p,
+        };
+        let now = Instant::now();
+        if page.count > 0 || page.max_seq > q.after || now >= deadline || *shutdown.borrow() {
+            break page;
+        }
+        let nap = app.poll.min(deadline - now);
+        tokio::select! {
+            _ = tokio::time::sleep(nap) => {}
+            _ = shutdown.changed() => {}
+        }
+    };
+    app.metrics.note_pull(&caller.name, page.through);
+    inc(&app.metrics.facts_sent, page.count);
+    let body = stream_page(app.clone(), q.after, &page);
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(wire::CBOR_SEQ),
+    );
+    h.insert(wire::HEADER_THROUGH, HeaderValue::from(page.through));
+    h.insert(wire::HEADER_COUNT, HeaderValue::from(page.count));
+    h.insert(wire::HEADER_MAX_SEQ, HeaderValue::from(page.max_seq));
+    Ok(r)
+}
+
+/// Streams the page's facts from a blocking thread through a small channel, so memory
+/// stays bounded by a few 64 KiB chunks whatever the page size.
+fn stream_page(app: Arc<App>, after: i64, page: &Page) -> Body {
+    if page.count == 0 {
+        return Body::empty();
+    }
+    let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(8);
+    let through = page.through;
+    let seqs = page.seqs.clone();
+    tokio::task::spawn_blocking(move || {
+        let store = match app.pool.take() {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+                return;
+            }
+        };
+        let mut buf = Vec::with_capacity(80 * 1024);
+        let mut send = |bytes: &[u8]| -> Result<()> {
+            buf.extend_from_slice(bytes);
+            if buf.len() >= 64 * 1024 {
+                let chunk = Bytes::from(std::mem::replace(&mut buf, Vec::with_capacity(80 * 1024)));
+                tx.blocking_send(Ok(chunk))
+                    .map_err(|_| Error::Io(std::io::ErrorKind::BrokenPipe.into()))?;
+            }
+            Ok(())
+        };
+        let result = match &seqs {
+            None => store.for_each_in_range(after, through, |_, _, b| send(b)),
+            Some(s) => store.for_each_at(s, |_, _, b| send(b)),
+        };
+        match result {
+            Ok(()) => {
+                if !buf.is_empty() {
+                    let _ = tx.blocking_send(Ok(Bytes::from(buf)));
+                }
+            }
+            Err(e) => {
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+            }
+        }
+        app.pool.give(store);
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    Body::from_stream(stream)
+}
+
+/// Reads a request body, refusing one over the limit.
+async fn read_body(app: &App, body: Body) -> Result<Bytes, Failure> {
+    let max = app.limits.max_body_bytes;
+    match http_body_util::Limited::new(body, max).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(Failure::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body is over the limit of {max} bytes"),
+            ))
+        }
+        Err(e) => Err(bad_request(format!("cannot read request body: {e}"))),
+    }
+}
+
+fn require_content_type(headers: &HeaderMap, want: &str) -> Result<(), Failure> {
+    let given = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let base = given.split(';').next().unwrap_or("").trim();
+    if base.eq_ignore_ascii_case(want) {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("content-type must be {want}, not {given:?}"),
+        ))
+    }
+}
+
+fn too_many(n: u64, max: u64, what: &str) -> Failure {
+    Failure::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_many_facts",
+        format!("{n} {what} in one request; the limit is {max}"),
+    )
+}
+
+async fn push(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Failure> {
+    let caller = authorize(&app, &headers, Need::Write)?;
+    require_content_type(&headers, wire::CBOR_SEQ)?;
+    inc(&app.metrics.requests_push, 1);
+    let bytes = read_body(&app, body).await?;
+    let records = wire::split_records(&bytes);
+    let max = app.limits.max_facts_per_request;
+    if records.len() as u64 > max {
+        return Err(too_many(records.len() as u64, max, "records"));
+    }
+    let mut facts = Vec::with_capacity(records.len());
+    let mut rejected: Vec<(u64, String, Vec<u8>)> = Vec::new();
+    for (i, r) in records.into_iter().enumerate() {
+        match r
+            .map_err(|e| (e.reason, e.bytes))
+            .and_then(|b| Fact::from_canonical(b).map_err(|e| (e.to_string(), b.to_vec())))
+        {
+            Ok(f) => facts.push(f),
+            Err((reason, b)) => rejected.push((i as u64, reason, b)),
+        }
+    }
+    if let Some(grant) = &caller.grant
+        && let Some(f) = facts.iter().find(|f| !grant.may_write_type(f.type_name()))
+    {
+        return Err(Failure::new(
+            StatusCode::FORBIDDEN,
+            "forbidden_type",
+            format!(
+                "token {:?} may not write facts of type {:?} (fact {})",
+                grant.name,
+                f.type_name(),
+                f.hash()
+            ),
+        ));
+    }
+    inc(
+        &app.metrics.facts_received,
+        (facts.len() + rejected.len()) as u64,
+    );
+    inc(&app.metrics.rejected, rejected.len() as u64);
+    let received = (facts.len() + rejected.len()) as u64;
+    let peer = caller.name.clone();
+    let max_held = app.limits.max_held_per_peer;
+    let report = app
+        .with_store(move |store| {
+            store.write(|w| {
+                let hashes: Vec<FactHash> = facts.iter().map(|f| f.hash()).collect();
+                let batch = w.insert_batch(facts)?;
+                for (_, reason, b) in &rejected {
+                    w.quarantine(&peer, reason, b)?;
+                }
+                if batch.held > 0 {
+                    let held = w.note_held_origin(&peer, &hashes)?;
+                    if held > max_held {
+                        return Err(Error::HeldLimit {
+                            limit: max_held,
+                            hash: hashes[0],
+                        });
+                    }
+                }
+                let missing = if batch.held > 0 {
+                    w.absent_ancestors(1000)?
+                } else {
+                    Vec::new()
+                };
+                Ok(PushReport {
+                    received,
+                    inserted: batch.inserted,
+                    duplicates: batch.duplicates,
+                    held: batch.held,
+                    released: batch.released,
+                    rejected: rejected
+                        .iter()
+                        .map(|(index, reason, _)| Rejected {
+                            index: *index,
+                            reason: reason.clone(),
+                        })
+                        .collect(),
+                    refused: batch.refused.iter().map(|h| h.to_string()).collect(),
+                    missing: missing.iter().map(|h| h.to_string()).collect(),
+                })
+            })
+        })
+        .await?;
+    Ok(json_response(&report))
+}
+
+async fn fetch(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Failure> {
+    authorize(&app, &headers, Need::Read)?;
+    require_content_type(&headers, wire::JSON)?;
+    inc(&app.metrics.requests_fetch, 1);
+    let bytes = read_body(&app, body).await?;
+    let req: FetchRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| bad_request(format!("fetch body is not {{\"hashes\": [...]}}: {e}")))?;
+    let max = app.limits.max_facts_per_request;
+    if req.hashes.len() as u64 > max {
+        return Err(too_many(req.hashes.len() as u64, max, "hashes"));
+    }
+    let mut hashes = Vec::with_capacity(req.hashes.len());
+    for h in &req.hashes {
+        let parsed = crate::hash::HashPrefix::parse(h)
+            .ok()
+            .and_then(|p| p.full())
+            .ok_or_else(|| bad_request(format!("{h:?} is not a 64-digit hash")))?;
+        hashes.push(parsed);
+    }
+    let found = app.with_store(move |s| s.fetch_bytes(&hashes)).await?;
+    inc(&app.metrics.facts_sent, found.len() as u64);
+    let mut out = Vec::new();
+    for (_, b) in &found {
+        out.extend_from_slice(b);
+    }
+    let mut r = Response::new(Body::from(out));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(wire::CBOR_SEQ),
+    );
+    r.headers_mut()
+        .insert(wire::HEADER_COUNT, HeaderValue::from(found.len()));
+    Ok(r)
+}
