@@ -171,7 +171,7 @@ impl<'a> Writer<'a> {
             return self.hold(fact, missing);
         }
         let seq = self.insert_released(fact, &preds)?;
-        let released = 1 + self.release_waiters(fact.hash())?;
+        let released = 1 + self.release_waiters(fact.hash(), seq)?;
         Ok(InsertOutcome::Inserted { seq, released })
     }
 
@@ -305,13 +305,13 @@ impl<'a> Writer<'a> {
 
     /// Releases every held fact that was waiting only for `first` or for facts this call
     /// releases, depth first; returns how many it released.
-    fn release_waiters(&mut self, first: FactHash) -> Result<u64> {
+    fn release_waiters(&mut self, first: FactHash, first_seq: i64) -> Result<u64> {
         if self.held_count()? == 0 {
             return Ok(0);
         }
         let mut released = 0;
-        let mut stack = vec![first];
-        while let Some(arrived) = stack.pop() {
+        let mut stack = vec![(first, first_seq)];
+        while let Some((arrived, arrived_seq)) = stack.pop() {
             for waiter in self.take_waiters(&arrived)? {
                 let (hash, missing, bytes): (Vec<u8>, i64, Vec<u8>) = self
                     .tx
@@ -331,9 +331,9 @@ impl<'a> Writer<'a> {
                         hash: arrived,
                         reason: format!("held row {waiter} has a hash that is not 32 bytes"),
                     })?;
-                    self.release_held(waiter, &hash, &bytes)?;
+                    let seq = self.release_held(waiter, &hash, &bytes, (arrived, arrived_seq))?;
                     released += 1;
-                    stack.push(hash);
+                    stack.push((hash, seq));
                 }
             }
         }
@@ -356,7 +356,15 @@ impl<'a> Writer<'a> {
     }
 
     /// Moves a held fact whose ancestors are now all released into the fact table.
-    fn release_held(&mut self, id: i64, hash: &FactHash, bytes: &[u8]) -> Result<()> {
+    /// `arrived` is the fact whose release completed this one's ancestry, with its
+    /// sequence number, so that predecessor is not looked up again.
+    fn release_held(
+        &mut self,
+        id: i64,
+        hash: &FactHash,
+        bytes: &[u8],
+        arrived: (FactHash, i64),
+    ) -> Result<i64> {
         self.tx
             .prepare_cached("DELETE FROM held WHERE id = ?1")?
             .execute([id])?;
@@ -368,16 +376,20 @@ impl<'a> Writer<'a> {
         let mut preds = Vec::new();
         for (role, set) in fact.predecessors() {
             for p in set {
-                let seq = self.released_seq(p)?.ok_or_else(|| Error::Corrupt {
-                    hash: *hash,
-                    reason: format!("released while predecessor {p} is absent"),
-                })?;
+                let seq = if *p == arrived.0 {
+                    arrived.1
+                } else {
+                    self.released_seq(p)?.ok_or_else(|| Error::Corrupt {
+                        hash: *hash,
+                        reason: format!("released while predecessor {p} is absent"),
+                    })?
+                };
                 preds.push((role.as_str(), seq));
             }
         }
-        self.insert_released(&fact, &preds)?;
+        let seq = self.insert_released(&fact, &preds)?;
         self.held = Some(self.held_count()? - 1);
-        Ok(())
+        Ok(seq)
     }
 
     /// Resolves a hash prefix against released and held facts.
