@@ -480,6 +480,9 @@ impl Client {
         Ok(())
     }
 
+    /// Pulls pages until the server has nothing more. A reader thread fetches and decodes
+    /// the next page while this thread commits the current one; pages are committed in
+    /// order, each with its bookmark, so an error or a kill loses at most the pages in flight.
     fn pull_all(
         &self,
         store: &mut Store,
@@ -489,28 +492,50 @@ impl Client {
         report: &mut SyncReport,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<()> {
-        let mut done = 0;
-        let mut wait = wait;
-        loop {
-            let after = store.peer(key)?.map_or(0, |p| p.pull_after);
-            let page = self.pull_page(after, self.batch, wait, roots)?;
-            wait = Duration::ZERO;
-            report.remote_seq = report.remote_seq.max(page.max_seq);
-            let n = page.records.len() as u64;
-            let last = page.through >= page.max_seq || n == 0;
-            self.commit_page(store, key, page, report)?;
-            done += n;
-            progress(Progress {
-                phase: Phase::Pull,
-                done,
-                total: done
-                    + (report.remote_seq - store.peer(key)?.map_or(0, |p| p.pull_after)).max(0)
-                        as u64,
+        let start = store.peer(key)?.map_or(0, |p| p.pull_after);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Decoded>>(1);
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                let (mut after, mut wait) = (start, wait);
+                loop {
+                    let page = self.pull_page(after, self.batch, wait, roots);
+                    wait = Duration::ZERO;
+                    let decoded = page.map(|p| {
+                        let last = p.through >= p.max_seq || p.records.is_empty();
+                        let (facts, bad) = decode_records(p.records);
+                        Decoded {
+                            through: p.through,
+                            max_seq: p.max_seq,
+                            last,
+                            facts,
+                            bad,
+                        }
+                    });
+                    let stop = decoded.as_ref().map_or(true, |d| d.last);
+                    if let Ok(d) = &decoded {
+                        after = d.through;
+                    }
+                    if tx.send(decoded).is_err() || stop {
+                        return;
+                    }
+                }
             });
-            if last {
-                return Ok(());
+            let mut done = 0;
+            for page in rx {
+                let page = page?;
+                report.remote_seq = report.remote_seq.max(page.max_seq);
+                let n = (page.facts.len() + page.bad.len()) as u64;
+                let through = page.through;
+                self.commit_page(store, key, page, report)?;
+                done += n;
+                progress(Progress {
+                    phase: Phase::Pull,
+                    done,
+                    total: done + (report.remote_seq - through).max(0) as u64,
+                });
             }
-        }
+            Ok(())
+        })
     }
 
     /// Stores one pulled page and moves the bookmark, in one transaction.
@@ -518,10 +543,10 @@ impl Client {
         &self,
         store: &mut Store,
         key: &str,
-        page: PullPage,
+        page: Decoded,
         report: &mut SyncReport,
     ) -> Result<()> {
-        let (facts, bad) = decode_records(page.records);
+        let (facts, bad) = (page.facts, page.bad);
         report.pulled += (facts.len() + bad.len()) as u64;
         report.quarantined += bad.len() as u64;
         let peer = self.base.clone();
@@ -677,6 +702,15 @@ impl Client {
             });
         }
     }
+}
+
+/// A pulled page, decoded on the reader thread.
+struct Decoded {
+    through: i64,
+    max_seq: i64,
+    last: bool,
+    facts: Vec<Fact>,
+    bad: Vec<(String, Vec<u8>)>,
 }
 
 /// Splits received records into facts and refused records (reason, bytes).
