@@ -145,6 +145,26 @@ fn every_documented_example_searches_indexes_and_never_scans() {
 }
 
 #[test]
+fn every_statement_a_watch_runs_searches_indexes() {
+    let (store, givens) = documented_store();
+    for (text, _) in documented_examples() {
+        let q = Query::parse(&text).unwrap();
+        if q.limit.is_some() {
+            continue; // a watch refuses limit
+        }
+        let watch = store.watch(&q, &givens_for(&q, &givens)).unwrap();
+        for plan in watch.explain(&store).unwrap() {
+            for step in &plan {
+                assert!(
+                    !step.starts_with("SCAN"),
+                    "query:\n{text}\nscans: {step}\nplan: {plan:#?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn documented_errors_point_at_line_and_column() {
     let cases = [
         (

@@ -1,7 +1,7 @@
 //! Running a query: binding givens, compiling, reading rows through the store, and
 //! building each result's projection (child collections run once per result).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use rusqlite::types::Value as Sql;
 use serde_json::{Map, Value as Json};
@@ -66,8 +66,29 @@ pub struct QueryRow {
     pub value: Projected,
 }
 
-/// The fact bound to each label of one result row.
-pub(crate) type Env = HashMap<String, (i64, Fact)>;
+/// A fact bound to a label in one result row. Its bytes are decoded (and their hash
+/// checked) only when the projection reads the fact or a field.
+#[derive(Clone, Debug)]
+pub(crate) struct Bound {
+    pub seq: i64,
+    pub hash: FactHash,
+    pub type_name: String,
+    pub fact: Option<Fact>,
+}
+
+/// The facts bound to the labels of one result row.
+pub(crate) type Env = HashMap<String, Bound>;
+
+/// Labels whose facts a projection reads (the fact itself or a field), at this level.
+pub(crate) fn labels_read(p: &Projection, out: &mut HashSet<String>) {
+    match p {
+        Projection::Fact(l) | Projection::Field(l, _) => {
+            out.insert(l.name.clone());
+        }
+        Projection::Record(items) => items.iter().for_each(|(_, v)| labels_read(v, out)),
+        Projection::Hash(_) | Projection::Seq(_) | Projection::Collection(_) => {}
+    }
+}
 
 impl Store {
     /// Runs a query with its givens bound by hash. A given that is not released yields no
@@ -79,7 +100,7 @@ impl Store {
     pub fn query(&self, query: &Query, givens: &Givens) -> Result<Vec<QueryRow>> {
         let plan = top_plan(query, givens, None)?;
         let mut out = Vec::new();
-        for env in self.rows(&plan)? {
+        for env in self.rows(&plan, &decode_set(&query.select))? {
             out.push(self.row(query, &env)?);
         }
         Ok(out)
@@ -133,8 +154,8 @@ impl Store {
             .collect()
     }
 
-    /// Runs a plan; each row as label to (seq, fact).
-    pub(crate) fn rows(&self, plan: &Plan) -> Result<Vec<Env>> {
+    /// Runs a plan; each row as label to its bound fact, decoding only `decode`.
+    pub(crate) fn rows(&self, plan: &Plan, decode: &HashSet<String>) -> Result<Vec<Env>> {
         let params = self.bind(&plan.params)?;
         let mut out = Vec::new();
         self.run_query(&plan.sql, &params, |r| {
@@ -146,17 +167,29 @@ impl Store {
                     .as_blob()
                     .map_err(rusqlite::Error::from)?;
                 let hash = FactHash::from_slice(hash).unwrap_or(FactHash([0; 32]));
-                let bytes = r
-                    .get_ref(i * 3 + 2)?
-                    .as_blob()
-                    .map_err(rusqlite::Error::from)?;
-                let fact = crate::encoding::decode_fact(bytes, Some(hash)).map_err(|e| {
-                    crate::Error::Corrupt {
-                        hash,
-                        reason: e.to_string(),
-                    }
-                })?;
-                env.insert(label.clone(), (seq, fact));
+                let fact = if decode.contains(label) {
+                    let bytes = r
+                        .get_ref(i * 3 + 2)?
+                        .as_blob()
+                        .map_err(rusqlite::Error::from)?;
+                    Some(
+                        crate::encoding::decode_fact(bytes, Some(hash)).map_err(|e| {
+                            crate::Error::Corrupt {
+                                hash,
+                                reason: e.to_string(),
+                            }
+                        })?,
+                    )
+                } else {
+                    None
+                };
+                let bound = Bound {
+                    seq,
+                    hash,
+                    type_name: plan.types[i].clone(),
+                    fact,
+                };
+                env.insert(label.clone(), bound);
             }
             out.push(env);
             Ok(())
@@ -167,17 +200,17 @@ impl Store {
     /// Builds the result for one row.
     pub(crate) fn row(&self, query: &Query, env: &Env) -> Result<QueryRow> {
         Ok(QueryRow {
-            key: query.top_labels().iter().map(|l| env[*l].0).collect(),
+            key: query.top_labels().iter().map(|l| env[*l].seq).collect(),
             value: self.project(&query.select, env)?,
         })
     }
 
     fn project(&self, p: &Projection, env: &Env) -> Result<Projected> {
         Ok(match p {
-            Projection::Fact(l) => Projected::Fact(env[&l.name].1.clone()),
-            Projection::Hash(l) => Projected::Hash(env[&l.name].1.hash()),
-            Projection::Seq(l) => Projected::Seq(env[&l.name].0),
-            Projection::Field(l, f) => Projected::Field(env[&l.name].1.field(f).cloned()),
+            Projection::Fact(l) => Projected::Fact(decoded(env, &l.name).clone()),
+            Projection::Hash(l) => Projected::Hash(env[&l.name].hash),
+            Projection::Seq(l) => Projected::Seq(env[&l.name].seq),
+            Projection::Field(l, f) => Projected::Field(decoded(env, &l.name).field(f).cloned()),
             Projection::Record(items) => Projected::Record(
                 items
                     .iter()
@@ -187,10 +220,10 @@ impl Store {
             Projection::Collection(sub) => {
                 let mut nodes: Vec<Node> = env
                     .iter()
-                    .map(|(label, (seq, f))| Node {
+                    .map(|(label, b)| Node {
                         label: label.clone(),
-                        type_name: f.type_name().to_string(),
-                        bind: Bind::Seq(*seq),
+                        type_name: b.type_name.clone(),
+                        bind: Bind::Seq(b.seq),
                     })
                     .collect();
                 nodes.sort_by_key(|n| n.label.clone());
@@ -212,13 +245,28 @@ impl Store {
                     },
                 )?;
                 let mut items = Vec::new();
-                for child in self.rows(&plan)? {
+                for child in self.rows(&plan, &decode_set(&sub.select))? {
                     items.push(self.project(&sub.select, &child)?);
                 }
                 Projected::Collection(items)
             }
         })
     }
+}
+
+/// The labels a projection needs decoded.
+pub(crate) fn decode_set(p: &Projection) -> HashSet<String> {
+    let mut out = HashSet::new();
+    labels_read(p, &mut out);
+    out
+}
+
+/// The fact of a label that [`decode_set`] asked to be decoded.
+fn decoded<'e>(env: &'e Env, label: &str) -> &'e Fact {
+    env[label]
+        .fact
+        .as_ref()
+        .expect("the projection's labels are decoded")
 }
 
 /// The top-level nodes: givens bound by hash, then matches (free, or pinned by `pins`).

@@ -60,6 +60,8 @@ pub(crate) struct Plan {
     pub sql: String,
     pub params: Vec<Param>,
     pub labels: Vec<String>,
+    /// The fact type of each of `labels`.
+    pub types: Vec<String>,
 }
 
 #[derive(Default)]
@@ -132,6 +134,9 @@ impl Compiler {
         let mut multi = false;
         let mut used = vec![false; conds.len()];
         let mut pending: Vec<&Node> = Vec::new();
+        // How selective each known fact is: 0 pinned to new facts, 1 a given or outside
+        // this block, 2 reached from a fact read by type.
+        let mut rank: HashMap<String, u8> = scope.keys().map(|l| (l.clone(), 1)).collect();
         for n in nodes {
             let f = self.alias("f");
             let ty = self.param(Param::Type(n.type_name.clone()));
@@ -141,14 +146,17 @@ impl Compiler {
                     continue;
                 }
                 Bind::Given(h) => {
+                    rank.insert(n.label.clone(), 1);
                     let p = self.param(Param::Hash(h));
                     wh.push(format!("{f}.hash = {p}"));
                 }
                 Bind::Seq(s) => {
+                    rank.insert(n.label.clone(), 0);
                     let p = self.param(Param::Int(s));
                     wh.push(format!("{f}.seq = {p}"));
                 }
                 Bind::Range(lo, hi) => {
+                    rank.insert(n.label.clone(), 0);
                     let (a, b) = (self.param(Param::Int(lo)), self.param(Param::Int(hi)));
                     wh.push(format!("{f}.seq > {a} AND {f}.seq <= {b}"));
                 }
@@ -158,8 +166,10 @@ impl Compiler {
             scope.insert(n.label.clone(), f);
         }
         while !pending.is_empty() {
-            let mut placed = None;
-            'find: for (pi, n) in pending.iter().enumerate() {
+            // The next join: from the most selective known fact (one pinned to new facts
+            // before a given, a given before the rest), then in the order written.
+            let mut best: Option<(u8, usize, usize, bool)> = None;
+            for (pi, n) in pending.iter().enumerate() {
                 for (ci, c) in conds.iter().enumerate() {
                     let Condition::Join { left, right } = c else {
                         continue;
@@ -167,28 +177,44 @@ impl Compiler {
                     if used[ci] {
                         continue;
                     }
-                    let (known, new) = if left.label.name == n.label
+                    let (known, forward) = if left.label.name == n.label
                         && scope.contains_key(&right.label.name)
                     {
-                        (right, left)
+                        (&right.label.name, false)
                     } else if right.label.name == n.label && scope.contains_key(&left.label.name) {
-                        (left, right)
+                        (&left.label.name, true)
                     } else {
                         continue;
                     };
-                    used[ci] = true;
-                    multi |= known.roles.len() + new.roles.len() > 1;
-                    let start = format!("{}.seq", scope[&known.label.name]);
-                    let meet = self.walk_up(start, &known.roles, from, wh);
-                    let end = self.walk_down(meet, &new.roles, from, wh);
-                    let f = self.alias("f");
-                    let ty = self.param(Param::Type(n.type_name.clone()));
-                    from.push(format!("fact {f}"));
-                    wh.push(format!("{f}.seq = {end} AND {f}.type_id = {ty}"));
-                    scope.insert(n.label.clone(), f);
-                    placed = Some(pi);
-                    break 'find;
+                    let r = rank.get(known).copied().unwrap_or(2);
+                    if best.is_none_or(|b| r < b.0) {
+                        best = Some((r, pi, ci, forward));
+                    }
                 }
+            }
+            let mut placed = None;
+            if let Some((r, pi, ci, forward)) = best {
+                let n = pending[pi];
+                let Condition::Join { left, right } = conds[ci] else {
+                    unreachable!()
+                };
+                let (known, new) = if forward {
+                    (left, right)
+                } else {
+                    (right, left)
+                };
+                used[ci] = true;
+                multi |= known.roles.len() + new.roles.len() > 1;
+                let start = format!("{}.seq", scope[&known.label.name]);
+                let meet = self.walk_up(start, &known.roles, from, wh);
+                let end = self.walk_down(meet, &new.roles, from, wh);
+                let f = self.alias("f");
+                let ty = self.param(Param::Type(n.type_name.clone()));
+                from.push(format!("fact {f}"));
+                wh.push(format!("{f}.seq = {end} AND {f}.type_id = {ty}"));
+                scope.insert(n.label.clone(), f);
+                rank.insert(n.label.clone(), r);
+                placed = Some(pi);
             }
             match placed {
                 Some(pi) => {
@@ -367,5 +393,16 @@ pub(crate) fn compile(
         sql,
         params: c.params,
         labels: shape.output.clone(),
+        types: shape
+            .output
+            .iter()
+            .map(|l| {
+                nodes
+                    .iter()
+                    .find(|n| &n.label == l)
+                    .map(|n| n.type_name.clone())
+                    .unwrap_or_default()
+            })
+            .collect(),
     })
 }

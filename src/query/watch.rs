@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use super::QueryError;
 use super::model::*;
 use super::run::{Givens, QueryRow, top_plan};
-use super::sql::{self, Bind, Node, Shape};
+use super::sql::{self, Bind, Node, Plan, Shape};
 use crate::error::Result;
 use crate::store::Store;
 
@@ -195,7 +195,7 @@ impl Watch {
                     }
                     let pins = HashMap::from([(label, Bind::Range(after, upto))]);
                     let plan = top_plan(&self.query, &self.givens, Some(&pins))?;
-                    for env in store.rows(&plan)? {
+                    for env in store.rows(&plan, &super::run::decode_set(&self.query.select))? {
                         let row = store.row(&self.query, &env)?;
                         if !self.results.contains_key(&row.key) {
                             self.results.insert(row.key.clone(), row.clone());
@@ -221,15 +221,15 @@ impl Watch {
         Ok(changes)
     }
 
-    /// Top-level results connected to the new facts at an inner occurrence.
-    fn candidates(
+    /// The statement finding top-level results connected to new facts at an inner
+    /// occurrence.
+    fn candidate_plan(
         &self,
-        store: &Store,
         blocks: &[Vec<Match>],
         label: &str,
         after: i64,
         upto: i64,
-    ) -> Result<Vec<Vec<i64>>> {
+    ) -> Result<Plan> {
         let mut nodes = super::run::top_nodes(&self.query, &self.givens, None)?;
         let mut conds: Vec<&Condition> = Vec::new();
         without_exists(&self.query.matches, &mut conds);
@@ -248,7 +248,7 @@ impl Watch {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let plan = sql::compile(
+        Ok(sql::compile(
             &nodes,
             &conds,
             &Shape {
@@ -257,7 +257,19 @@ impl Watch {
                 limit: None,
                 distinct: true,
             },
-        )?;
+        )?)
+    }
+
+    /// Top-level results connected to the new facts at an inner occurrence.
+    fn candidates(
+        &self,
+        store: &Store,
+        blocks: &[Vec<Match>],
+        label: &str,
+        after: i64,
+        upto: i64,
+    ) -> Result<Vec<Vec<i64>>> {
+        let plan = self.candidate_plan(blocks, label, after, upto)?;
         let mut keys = Vec::new();
         store.run_query(&plan.sql, &store.bind(&plan.params)?, |r| {
             let key = (0..plan.labels.len())
@@ -269,20 +281,15 @@ impl Watch {
         Ok(keys)
     }
 
-    /// Evaluates the query for one result key and records the change, if any.
-    fn recheck(&mut self, store: &Store, key: Vec<i64>, changes: &mut Vec<Change>) -> Result<()> {
+    /// The statement evaluating the query for one result key.
+    fn recheck_plan(&self, key: &[i64]) -> Result<Plan> {
         let labels = self.query.top_labels();
         let pins: HashMap<String, Bind> = labels
             .iter()
-            .zip(&key)
+            .zip(key)
             .map(|(l, s)| (l.to_string(), Bind::Seq(*s)))
             .collect();
-        let mut nodes: Vec<Node> = super::run::top_nodes(&self.query, &self.givens, Some(&pins))?;
-        for n in &mut nodes {
-            if let Some(b) = pins.get(&n.label) {
-                n.bind = *b;
-            }
-        }
+        let nodes: Vec<Node> = super::run::top_nodes(&self.query, &self.givens, Some(&pins))?;
         let conds: Vec<&Condition> = self
             .query
             .matches
@@ -290,7 +297,7 @@ impl Watch {
             .flat_map(|m| m.conditions.iter())
             .collect();
         let output = labels.iter().map(|s| s.to_string()).collect();
-        let plan = sql::compile(
+        Ok(sql::compile(
             &nodes,
             &conds,
             &Shape {
@@ -299,8 +306,40 @@ impl Watch {
                 limit: Some(1),
                 distinct: false,
             },
-        )?;
-        let now = store.rows(&plan)?.into_iter().next();
+        )?)
+    }
+
+    /// `EXPLAIN QUERY PLAN` of every statement a poll may run (for tests of index use).
+    ///
+    /// # Errors
+    /// As [`Watch::poll`].
+    pub fn explain(&self, store: &Store) -> Result<Vec<Vec<String>>> {
+        let mut plans = Vec::new();
+        for occ in &self.occurrences {
+            let plan = match occ {
+                Occurrence::Top { label, .. } => {
+                    let pins = HashMap::from([(label.clone(), Bind::Range(0, 1))]);
+                    top_plan(&self.query, &self.givens, Some(&pins))?
+                }
+                Occurrence::Inner { blocks, label, .. } => {
+                    self.candidate_plan(blocks, label, 0, 1)?
+                }
+            };
+            plans.push(store.query_plan(&plan.sql, &store.bind(&plan.params)?)?);
+        }
+        let key = vec![1; self.query.top_labels().len()];
+        let plan = self.recheck_plan(&key)?;
+        plans.push(store.query_plan(&plan.sql, &store.bind(&plan.params)?)?);
+        Ok(plans)
+    }
+
+    /// Evaluates the query for one result key and records the change, if any.
+    fn recheck(&mut self, store: &Store, key: Vec<i64>, changes: &mut Vec<Change>) -> Result<()> {
+        let plan = self.recheck_plan(&key)?;
+        let now = store
+            .rows(&plan, &super::run::decode_set(&self.query.select))?
+            .into_iter()
+            .next();
         match (now, self.results.contains_key(&key)) {
             (Some(env), false) => {
                 let row = store.row(&self.query, &env)?;

@@ -3,8 +3,8 @@
 //!
 //! The SQL itself is built in `src/query/sql.rs`; this file only runs it.
 
-use rusqlite::Row;
 use rusqlite::types::Value as Sql;
+use rusqlite::{OptionalExtension, Row};
 
 use super::Store;
 use super::names::Kind;
@@ -52,11 +52,15 @@ impl Store {
         self.ctx.names.lookup(&self.conn, kind, name)
     }
 
-    /// The highest release sequence number (0 when empty), read from the primary key.
+    /// The highest release sequence number (0 when empty), read from the end of the
+    /// primary key. (`coalesce(max(seq), 0)` would scan the table: SQLite's min/max
+    /// shortcut needs the bare aggregate.)
     pub(crate) fn last_seq(&self) -> Result<i64> {
         Ok(self
             .conn
-            .prepare_cached("SELECT coalesce(max(seq), 0) FROM fact")?
-            .query_row([], |r| r.get(0))?)
+            .prepare_cached("SELECT seq FROM fact ORDER BY seq DESC LIMIT 1")?
+            .query_row([], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0))
     }
 }
