@@ -88,12 +88,23 @@ fn a_pull_killed_mid_batch_resumes_without_loss() {
         killed_mid_way > 0,
         "the sync always finished before the kill"
     );
-    let status = Command::new(BIN)
-        .args(["--db", b.db.to_str().unwrap(), "sync", &url])
-        .stdout(Stdio::null())
-        .status()
+    // Resuming receives exactly what lies after the bookmark: nothing committed comes again.
+    let bookmark = b.store().peer(&url).unwrap().unwrap().pull_after;
+    let out = Command::new(BIN)
+        .args([
+            "--db",
+            b.db.to_str().unwrap(),
+            "--json",
+            "sync",
+            &url,
+            "--pull",
+        ])
+        .output()
         .unwrap();
-    assert!(status.success());
+    assert!(out.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["pulled"].as_i64(), Some(total - bookmark));
+    assert_eq!(report["inserted"].as_i64(), Some(total - bookmark));
     assert_converged(&[&a, &b]);
 }
 

@@ -72,8 +72,9 @@ pub struct SyncArgs {
     /// PEM certificate to trust for an https peer (a self-signed server).
     #[arg(long, value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
-    /// Facts per page and per push.
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    /// Most facts in flight: pulled in pages of N/2 (one committing, one read ahead),
+    /// pushed N per request; a killed sync receives or sends again at most N.
+    #[arg(long, value_name = "N", default_value_t = 20_000)]
     pub batch: u64,
 }
 

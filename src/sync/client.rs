@@ -23,7 +23,9 @@ pub struct ClientOptions {
     /// A PEM certificate to trust (for a server with a self-signed certificate); by
     /// default the usual web roots are trusted.
     pub ca_cert_pem: Option<Vec<u8>>,
-    /// Facts per page pulled and per push request. Default 10,000.
+    /// The most facts in flight: a pull reads ahead one page of `batch / 2` facts while it
+    /// commits another, and a push sends `batch` facts per request. So a sync killed at any
+    /// moment receives or sends again at most `batch` facts. Default 20,000.
     pub batch: u64,
     /// Longest wait for a connection, an answer to start, or a body to arrive. Default 60 s.
     pub timeout: Duration,
@@ -34,7 +36,7 @@ impl Default for ClientOptions {
         ClientOptions {
             token: None,
             ca_cert_pem: None,
-            batch: 10_000,
+            batch: 20_000,
             timeout: Duration::from_secs(60),
         }
     }
@@ -498,7 +500,7 @@ impl Client {
             scope.spawn(move || {
                 let (mut after, mut wait) = (start, wait);
                 loop {
-                    let page = self.pull_page(after, self.batch, wait, roots);
+                    let page = self.pull_page(after, (self.batch / 2).max(1), wait, roots);
                     wait = Duration::ZERO;
                     let decoded = page.map(|p| {
                         let last = p.through >= p.max_seq || p.records.is_empty();
