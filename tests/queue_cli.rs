@@ -595,3 +595,22 @@ fn concurrent_jobs_complete_every_input_once() {
     assert_eq!(db.count("Effect"), 40);
     assert_eq!(db.queue_stats("ship")["completed"], 40);
 }
+
+#[test]
+fn a_command_that_cannot_start_stops_the_worker_and_gives_the_input_back() {
+    let db = Db::new();
+    db.import(&orders(1, false));
+    declare(&db, &[]);
+    let out = db.run(&["work", "ship", "--once", "--", "/nonexistent/handler"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot run /nonexistent/handler"),
+        "{}",
+        stderr(&out)
+    );
+    let s = db.queue_stats("ship");
+    assert_eq!(s["ready"], 1, "{s}");
+    assert_eq!(s["leased"], 0);
+    let items = db.ok(&["queue", "items", "ship"]);
+    assert!(items.contains("attempts 0"), "not counted: {items}");
+}

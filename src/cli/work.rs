@@ -24,7 +24,7 @@ use precedent::queue::{FailOutcome, Failure, Lease, QueueSpec};
 use precedent::{Error, Fact, Store, json};
 
 use super::queue::parse_duration;
-use super::{Global, Status};
+use super::{Failure as CliFailure, Global, Status, exit};
 
 /// The options of `precedent work`.
 #[derive(Args, Debug)]
@@ -258,7 +258,7 @@ fn run_command(
         .command
         .split_first()
         .expect("clap requires COMMAND");
-    let mut child = Command::new(program)
+    let spawned = Command::new(program)
         .args(rest)
         .env("PRECEDENT_INPUT_HASH", lease.input.hash().to_string())
         .env("PRECEDENT_ATTEMPT", lease.attempt.to_string())
@@ -270,8 +270,18 @@ fn run_command(
         // Its own process group: a Ctrl-C at the terminal stops the worker's claiming,
         // not the commands it lets finish.
         .process_group(0)
-        .spawn()
-        .with_context(|| format!("cannot run {program}"))?;
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            // Not the input's fault: give it back uncounted and stop the worker.
+            let _ = store.release(lease);
+            return Err(CliFailure::error(
+                exit::INVALID,
+                format!("cannot run {program}: {e}"),
+            ));
+        }
+    };
     let mut input = json::to_json(&lease.input).to_string();
     input.push('\n');
     let mut stdin = child.stdin.take().expect("piped");
