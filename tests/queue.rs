@@ -583,3 +583,59 @@ proptest! {
         prop_assert_eq!(st.ready + st.leased + st.delayed, 0);
     }
 }
+
+#[test]
+fn a_batch_of_completions_commits_once_and_a_failing_one_leaves_nothing() {
+    let clock = ManualClock::starting_at(T0);
+    let mut s = store_with(&clock);
+    s.declare_queue(&orders_spec()).unwrap();
+    let orders: Vec<Fact> = (0..5).map(|i| order(i, &[])).collect();
+    s.insert_batch(orders.clone()).unwrap();
+    let leases = s.claim("ship", 5).unwrap();
+    let unknown_parent = Fact::builder("Lost").build().unwrap();
+    let results = s
+        .complete_batch(&leases, |w, lease| {
+            if lease.input.field("n") == Some(&precedent::Value::Integer(2)) {
+                // Writes a held fact and a note, then fails: both must vanish.
+                let held = Fact::builder("Waiting")
+                    .predecessor("p", unknown_parent.hash())
+                    .build()?;
+                w.insert(&held)?;
+                w.insert(
+                    &Fact::builder("Note")
+                        .predecessor("order", lease.input.hash())
+                        .build()?,
+                )?;
+                return Err(Error::InvalidFact {
+                    reason: "handler gave up".into(),
+                });
+            }
+            w.insert(&shipped(&lease.input))?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 4);
+    let failed = leases
+        .iter()
+        .zip(&results)
+        .find(|(_, r)| r.is_err())
+        .unwrap()
+        .0;
+    assert_eq!(failed.input.field("n"), Some(&precedent::Value::Integer(2)));
+    assert!(
+        s.successors(&failed.input.hash(), None, None)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        s.held_count().unwrap(),
+        0,
+        "the held fact of the failed handler is gone"
+    );
+    let st = s.queue_stats("ship").unwrap();
+    assert_eq!((st.completed, st.leased), (4, 1));
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+    // The failed lease is still live and can be completed on its own.
+    s.complete(failed, |w| w.insert(&shipped(&failed.input)).map(|_| ()))
+        .unwrap();
+}

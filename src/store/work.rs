@@ -164,6 +164,59 @@ impl Writer<'_> {
         Ok(leases)
     }
 
+    /// Completes a leased input inside this transaction, in a savepoint: on any error
+    /// (lease lost, no completing fact written, the handler's own error) everything the
+    /// handler wrote is rolled back and the rest of the transaction is kept. See
+    /// [`Store::complete`] and [`Store::complete_batch`].
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`], [`Error::NotCompleted`], or the handler's error.
+    pub fn complete<T>(
+        &mut self,
+        lease: &Lease,
+        handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.tx.execute_batch("SAVEPOINT precedent_complete")?;
+        let held_before = self.held_snapshot();
+        let result = self.complete_in_savepoint(lease, handler);
+        match result {
+            Ok(v) => {
+                self.tx.execute_batch("RELEASE precedent_complete")?;
+                Ok(v)
+            }
+            Err(e) => {
+                self.tx
+                    .execute_batch("ROLLBACK TO precedent_complete; RELEASE precedent_complete")?;
+                self.restore_after_rollback(held_before);
+                Err(e)
+            }
+        }
+    }
+
+    fn complete_in_savepoint<T>(
+        &mut self,
+        lease: &Lease,
+        handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let defs = self.queue(&lease.queue)?;
+        let q = defs.by_name(&lease.queue).expect("checked");
+        if q.spec.semantics == Semantics::AtLeastOnce {
+            self.check_lease(lease)?;
+        }
+        let value = handler(self)?;
+        let pending = self
+            .tx
+            .prepare_cached("SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2")?
+            .exists(params![lease.queue_id, lease.seq])?;
+        if pending {
+            return Err(Error::NotCompleted {
+                queue: lease.queue.clone(),
+                input: lease.input.hash(),
+            });
+        }
+        Ok(value)
+    }
+
     /// Fails a leased input (see [`Store::fail`]).
     ///
     /// # Errors
@@ -360,23 +413,36 @@ impl Store {
         lease: &Lease,
         handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
     ) -> Result<T> {
-        let (_, spec) = self.def(&lease.queue)?;
+        self.write(|w| w.complete(lease, handler))
+    }
+
+    /// Completes many leased inputs in one transaction (one commit, one fsync): each lease
+    /// runs `handler` in a savepoint of its own, exactly as [`Store::complete`] would, and a
+    /// lease whose handler fails (or is lost, or writes no completion) leaves nothing
+    /// behind while the others still commit. Returns one result per lease, in order.
+    ///
+    /// # Errors
+    /// The outer error is for the transaction itself ([`Error::Sqlite`]); per-lease
+    /// failures are in the returned list.
+    pub fn complete_batch(
+        &mut self,
+        leases: &[Lease],
+        mut handler: impl FnMut(&mut Writer<'_>, &Lease) -> Result<()>,
+    ) -> Result<Vec<Result<()>>> {
         self.write(|w| {
-            if spec.semantics == Semantics::AtLeastOnce {
-                w.check_lease(lease)?;
-            }
-            let value = handler(w)?;
-            let pending =
-                w.tx.prepare_cached("SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2")?
-                    .exists(params![lease.queue_id, lease.seq])?;
-            if pending {
-                return Err(Error::NotCompleted {
-                    queue: lease.queue.clone(),
-                    input: lease.input.hash(),
-                });
-            }
-            Ok(value)
+            Ok(leases
+                .iter()
+                .map(|lease| w.complete(lease, |w| handler(w, lease)))
+                .collect())
         })
+    }
+
+    /// One queue's declaration.
+    ///
+    /// # Errors
+    /// [`Error::UnknownQueue`].
+    pub fn queue(&mut self, name: &str) -> Result<QueueSpec> {
+        Ok(self.def(name)?.1)
     }
 
     /// Records a failed attempt: transient failures retry after backoff until the retry

@@ -129,6 +129,20 @@ impl<'a> Writer<'a> {
         &self.tx
     }
 
+    /// The in-memory held count, to restore if a savepoint is rolled back.
+    pub(crate) fn held_snapshot(&self) -> Option<i64> {
+        self.held
+    }
+
+    /// Forgets in-memory state that a rolled-back savepoint may have made wrong: the held
+    /// count goes back to `held`, names numbered since are forgotten (they will be looked
+    /// up again), and queue declarations are re-read.
+    pub(crate) fn restore_after_rollback(&mut self, held: Option<i64>) {
+        self.held = held;
+        self.ctx.names.rollback();
+        self.queues_checked = false;
+    }
+
     fn held_count(&mut self) -> Result<i64> {
         if let Some(n) = self.held {
             return Ok(n);
