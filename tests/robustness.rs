@@ -1,0 +1,870 @@
+//! The bad-input catalogue of `docs/robustness.md`: one test per row, named after it.
+//! Each feeds one kind of bad input to the library, the `precedent` binary or the sync
+//! server on 127.0.0.1, and asserts the documented answer (error text, exit code or HTTP
+//! status) and what is stored afterwards (nothing, unless the row says otherwise).
+
+mod common;
+mod sync_support;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::fact;
+use precedent::query::{Arity, FactType, Givens, Query, Ref};
+use precedent::sync::auth::{Grant, Tokens};
+use precedent::{Error, Fact, FactHash, Store, json};
+use sync_support::{CBOR, JSON_CT, Node, http};
+
+const BIN: &str = env!("CARGO_BIN_EXE_precedent");
+const INJECTION: &str = "'; DROP TABLE fact; --";
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+/// A database file in a temporary directory, driven through the binary.
+struct Db {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Db {
+    fn new() -> Db {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.db");
+        Store::open(&path).unwrap();
+        Db { _dir: dir, path }
+    }
+
+    fn run(&self, args: &[&str], stdin: &[u8]) -> Output {
+        let mut child = Command::new(BIN)
+            .arg("--db")
+            .arg(&self.path)
+            .args(args)
+            .env_remove("PRECEDENT_DB")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    fn store(&self) -> Store {
+        Store::open(&self.path).unwrap()
+    }
+
+    /// Released and held counts.
+    fn counts(&self) -> (u64, u64) {
+        let s = self.store();
+        (s.count_and_max_seq().unwrap().0, s.held_count().unwrap())
+    }
+
+    fn assert_clean(&self) {
+        let v = self.store().verify(|_| {}).unwrap();
+        assert!(v.is_clean(), "{:?}", v.problems);
+    }
+}
+
+/// Asserts an exit code and a fragment of stderr.
+fn assert_fails(out: &Output, code: i32, fragment: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr: {err}");
+    assert!(err.contains(fragment), "{fragment:?} not in stderr: {err}");
+}
+
+/// A CBOR record refused by the decoder with `fragment`, and by `precedent import` (exit 1,
+/// the record reported, nothing stored).
+fn cbor_refused(bytes: &[u8], fragment: &str) {
+    let err = Fact::from_canonical(bytes).unwrap_err();
+    assert!(matches!(err, Error::Decode { .. }), "{err}");
+    assert!(
+        err.to_string().contains(fragment),
+        "{fragment:?} not in {err}"
+    );
+    let db = Db::new();
+    let file = db.path.with_file_name("bad.cbor");
+    std::fs::write(&file, bytes).unwrap();
+    let out = db.run(&["import", "--format", "cbor", file.to_str().unwrap()], b"");
+    assert_fails(&out, 1, "record 1 (byte offset 0)");
+    assert_eq!(db.counts(), (0, 0));
+}
+
+/// A JSON fact refused by the library with `fragment`, and by `precedent add` (exit 1,
+/// nothing stored).
+fn json_refused(text: &str, fragment: &str) {
+    let err = json::parse_standalone(text).unwrap_err();
+    assert!(
+        err.to_string().contains(fragment),
+        "{fragment:?} not in {err}"
+    );
+    let db = Db::new();
+    let out = db.run(&["add", "-"], text.as_bytes());
+    assert_fails(&out, 1, fragment);
+    assert_eq!(db.counts(), (0, 0));
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    hex::decode(s).unwrap()
+}
+
+/// The minimal fact `[1, "T", {}, {}]` is `84 01 61 54 a0 a0`; the rows below bend it.
+const MINIMAL: &str = "84016154a0a0";
+
+// ---------------------------------------------------------------------------------------
+// Canonical CBOR
+
+#[test]
+fn cbor_truncated_record() {
+    let cut = hex("840161");
+    cbor_refused(&cut, "unexpected end of input");
+    let framing = precedent::sync::wire::split_records(&cut);
+    assert!(framing[0].as_ref().is_err_and(|e| e.truncated));
+}
+
+#[test]
+fn cbor_not_a_fact_array() {
+    cbor_refused(&hex("05"), "expected a fact array");
+}
+
+#[test]
+fn cbor_non_shortest_head() {
+    cbor_refused(&hex("9804016154a0a0"), "not in its shortest form");
+}
+
+#[test]
+fn cbor_indefinite_length() {
+    cbor_refused(&hex("9f016154a0a0ff"), "indefinite length");
+}
+
+#[test]
+fn cbor_unsorted_keys() {
+    cbor_refused(&hex("84016154a2616201616101a0"), "out of canonical order");
+}
+
+#[test]
+fn cbor_duplicate_keys() {
+    cbor_refused(&hex("84016154a2616101616101a0"), "duplicate map key");
+}
+
+#[test]
+fn cbor_non_shortest_float() {
+    // 1.0 as a double, and 1.5 as a single: both fit in a half.
+    cbor_refused(
+        &hex("84016154a16176fb3ff0000000000000a0"),
+        "shortest exact form",
+    );
+    cbor_refused(&hex("84016154a16176fa3fc00000a0"), "shortest exact form");
+}
+
+#[test]
+fn cbor_nan() {
+    cbor_refused(&hex("84016154a16176f97e00a0"), "NaN is not allowed");
+}
+
+#[test]
+fn cbor_tag() {
+    cbor_refused(&hex(&format!("c0{MINIMAL}")), "expected a fact array");
+    // A tag inside the fields (tag 1 on an integer).
+    cbor_refused(&hex("84016154a16176c101a0"), "invalid canonical cbor");
+}
+
+#[test]
+fn cbor_undefined() {
+    cbor_refused(&hex("84016154a16176f7a0"), "undefined is not allowed");
+}
+
+#[test]
+fn cbor_trailing_bytes() {
+    // To the decoder, one record with a byte after the fact.
+    let err = Fact::from_canonical(&hex(&format!("{MINIMAL}00"))).unwrap_err();
+    assert!(err.to_string().contains("trailing bytes"), "{err}");
+    // In a CBOR sequence the trailing byte is a second record, refused; the first is stored.
+    let db = Db::new();
+    let file = db.path.with_file_name("t.cbor");
+    std::fs::write(&file, hex(&format!("{MINIMAL}00"))).unwrap();
+    let out = db.run(&["import", "--format", "cbor", file.to_str().unwrap()], b"");
+    assert_fails(&out, 1, "record 2");
+    assert_eq!(db.counts(), (1, 0));
+}
+
+#[test]
+fn cbor_unsupported_format_version() {
+    cbor_refused(&hex("84026154a0a0"), "unsupported format version 2");
+}
+
+#[test]
+fn cbor_invalid_utf8() {
+    cbor_refused(&hex("840162c328a0a0"), "not valid utf-8");
+}
+
+#[test]
+fn cbor_deep_nesting() {
+    // 65 nested arrays in a field: one past the depth limit.
+    let mut b = hex("84016154a1616481");
+    b.truncate(b.len() - 1);
+    b.extend(std::iter::repeat_n(0x81, 65));
+    b.push(0xf6);
+    b.push(0xa0);
+    cbor_refused(&b, "invalid canonical cbor");
+    // Very deep nesting is refused by the framing, without recursion.
+    let mut deep = vec![0x84, 0x01, 0x61, 0x54, 0xa1, 0x61, 0x64];
+    deep.extend(std::iter::repeat_n(0x81, 100_000));
+    assert!(Fact::from_canonical(&deep).is_err());
+    assert!(precedent::encoding::item_len(&deep).is_err());
+}
+
+#[test]
+fn cbor_oversize_fact() {
+    // A byte string field of 1 MiB: the record is over the 1 MiB fact limit.
+    let mut b = hex("84016154a161765a00100000");
+    b.extend(std::iter::repeat_n(0u8, 1 << 20));
+    b.push(0xa0);
+    cbor_refused(&b, "limit");
+}
+
+#[test]
+fn cbor_huge_declared_length() {
+    // A text head claiming 2^64-1 bytes, with none following.
+    let b = hex("84016154a161767bffffffffffffffff");
+    cbor_refused(&b, "unexpected end of input");
+    let framing = precedent::encoding::item_len(&b).unwrap_err();
+    assert!(
+        framing.to_string().contains("over the size limit"),
+        "{framing}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The JSON form
+
+#[test]
+fn json_malformed() {
+    json_refused("{\"type\":", "EOF while parsing");
+    json_refused("[1, 2]", "a fact must be a JSON object");
+}
+
+#[test]
+fn json_unknown_key() {
+    json_refused(r#"{"type": "T", "typo": 1}"#, "unknown key");
+}
+
+#[test]
+fn json_empty_type_name() {
+    json_refused(r#"{"type": "", "fields": {}}"#, "type name is empty");
+}
+
+#[test]
+fn json_integer_out_of_range() {
+    json_refused(
+        r#"{"type": "T", "fields": {"v": 18446744073709551616}}"#,
+        "outside -2^64..2^64-1",
+    );
+}
+
+#[test]
+fn json_nan_float() {
+    json_refused(
+        r#"{"type": "T", "fields": {"v": {"$float": "NaN"}}}"#,
+        "is not allowed",
+    );
+}
+
+#[test]
+fn json_deep_nesting() {
+    let nested = |n: usize| {
+        format!(
+            r#"{{"type": "T", "fields": {{"d": {}{}}}}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        )
+    };
+    json_refused(&nested(65), "nesting deeper than 64 levels");
+    // Deeper than the JSON parser recurses: refused, no stack overflow.
+    json_refused(&nested(100_000), "recursion limit exceeded");
+}
+
+#[test]
+fn json_oversize_fact() {
+    let text = format!(
+        r#"{{"type": "T", "fields": {{"s": "{}"}}}}"#,
+        "x".repeat(1 << 20)
+    );
+    json_refused(&text, "over the limit of 1048576");
+}
+
+#[test]
+fn json_wrong_hash() {
+    let text = r#"{"type": "T", "fields": {"x": 1},
+        "hash": "a1c45b0c1d0c390f478cef11945af4dd5a7433cd95295cfb9ab8fb4cf48ff554"}"#;
+    let err = json::parse_standalone(text).unwrap_err();
+    assert!(matches!(err, Error::HashMismatch { .. }), "{err}");
+    json_refused(text, "hash mismatch");
+}
+
+#[test]
+fn json_import_bad_line() {
+    // One bad line among good ones: reported by line, exit 1, the good lines stored.
+    let db = Db::new();
+    let input = "{\"type\": \"A\"}\n{\"type\": \n{\"type\": \"B\"}\n";
+    let out = db.run(&["import", "-"], input.as_bytes());
+    assert_fails(&out, 1, "line 2");
+    assert_eq!(db.counts(), (2, 0));
+    // With --atomic, nothing at all.
+    let db = Db::new();
+    let out = db.run(&["import", "--atomic", "-"], input.as_bytes());
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(db.counts(), (0, 0));
+}
+
+#[test]
+fn json_not_utf8() {
+    let db = Db::new();
+    let out = db.run(
+        &["import", "--format", "json", "-"],
+        b"{\"type\": \"\xff\"}\n",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(db.counts(), (0, 0));
+}
+
+// ---------------------------------------------------------------------------------------
+// Ancestors, held bound, prefixes, types
+
+#[test]
+fn missing_ancestors() {
+    let mut store = Store::open_in_memory().unwrap();
+    let absent = FactHash([7; 32]);
+    let orphan = fact("Orphan", 1, &[absent]);
+    assert!(store.insert(&orphan).unwrap().is_held());
+    assert_eq!(store.count_and_max_seq().unwrap().0, 0);
+    assert_eq!(store.held_count().unwrap(), 1);
+    let db = Db::new();
+    let out = db.run(&["add", "-"], json::to_json(&orphan).to_string().as_bytes());
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("held"));
+    assert_eq!(db.counts(), (0, 1));
+}
+
+#[test]
+fn over_the_held_bound() {
+    let db = Db::new();
+    let absent = FactHash([7; 32]);
+    for (i, want) in [(1, 0), (2, 1)] {
+        let text = json::to_json(&fact("Orphan", i, &[absent])).to_string();
+        let out = db.run(&["--max-held", "1", "add", "-"], text.as_bytes());
+        if want == 0 {
+            assert_eq!(out.status.code(), Some(0));
+        } else {
+            assert_fails(&out, 1, "held-fact limit of 1 reached");
+        }
+    }
+    assert_eq!(db.counts(), (0, 1));
+}
+
+#[test]
+fn unknown_prefix() {
+    let db = Db::new();
+    db.store().insert(&fact("A", 1, &[])).unwrap();
+    let out = db.run(&["get", "deadbeef"], b"");
+    assert_fails(&out, 3, "no fact matches prefix deadbeef");
+    let out = db.run(
+        &["add", "-"],
+        br#"{"type": "B", "predecessors": {"p": "deadbeef"}}"#,
+    );
+    assert_fails(&out, 3, "no fact matches prefix");
+    assert_eq!(db.counts(), (1, 0));
+}
+
+#[test]
+fn bad_prefix() {
+    let db = Db::new();
+    assert_fails(&db.run(&["get", "dead"], b""), 1, "at least 8 hex digits");
+    assert_fails(&db.run(&["get", "zzzzzzzz"], b""), 1, "bad hash");
+}
+
+#[test]
+fn ambiguous_prefix() {
+    // Two facts whose hashes share their first 8 hex digits, found by a birthday search
+    // (about 80,000 facts for even odds; the search is deterministic).
+    let mut seen: HashMap<[u8; 4], i64> = HashMap::new();
+    let (a, b) = (0..2_000_000)
+        .find_map(|n| {
+            let f = fact("Amb", n, &[]);
+            let key: [u8; 4] = f.hash().0[..4].try_into().unwrap();
+            seen.insert(key, n).map(|m| (fact("Amb", m, &[]), f))
+        })
+        .unwrap();
+    let db = Db::new();
+    db.store().insert_batch(vec![a.clone(), b.clone()]).unwrap();
+    let prefix = &a.hash().to_string()[..8];
+    assert_eq!(prefix, &b.hash().to_string()[..8]);
+    let out = db.run(&["get", prefix], b"");
+    assert_fails(&out, 3, "is ambiguous");
+    let text = format!(r#"{{"type": "C", "predecessors": {{"p": "{prefix}"}}}}"#);
+    assert_fails(&db.run(&["add", "-"], text.as_bytes()), 3, "is ambiguous");
+    assert_eq!(db.counts(), (2, 0));
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Debug)]
+struct Shop {
+    name: String,
+}
+
+impl FactType for Shop {
+    const TYPE: &'static str = "Shop";
+    const PREDECESSORS: &'static [(&'static str, Arity)] = &[];
+}
+
+#[test]
+fn typed_load_of_another_type() {
+    let mut store = Store::open_in_memory().unwrap();
+    let other = fact("Warehouse", 1, &[]);
+    store.insert(&other).unwrap();
+    let err = store.load(Ref::<Shop>::new(other.hash())).unwrap_err();
+    assert!(matches!(err, Error::WrongType { .. }), "{err}");
+    assert!(
+        err.to_string().contains("is a Warehouse, not a Shop"),
+        "{err}"
+    );
+    // A fact of the right type whose fields do not fit the Rust type.
+    let odd = Fact::builder("Shop").field("name", 5).build().unwrap();
+    store.insert(&odd).unwrap();
+    assert!(store.load(Ref::<Shop>::new(odd.hash())).is_err());
+}
+
+#[test]
+fn unknown_queue() {
+    let db = Db::new();
+    assert_fails(
+        &db.run(&["queue", "show", "nope"], b""),
+        3,
+        "no queue named \"nope\"",
+    );
+    assert_fails(
+        &db.run(&["work", "nope", "--", "true"], b""),
+        3,
+        "no queue named",
+    );
+    assert_eq!(db.counts(), (0, 0));
+}
+
+// ---------------------------------------------------------------------------------------
+// Query injection
+
+/// A database with a shop and an order whose note is an injection attempt.
+fn injection_db() -> (Db, Fact) {
+    let db = Db::new();
+    let shop = Fact::builder("Shop")
+        .field("name", INJECTION)
+        .build()
+        .unwrap();
+    let order = Fact::builder("Shop.Order")
+        .field("note", INJECTION)
+        .predecessor("shop", shop.hash())
+        .build()
+        .unwrap();
+    db.store().insert_batch(vec![shop.clone(), order]).unwrap();
+    (db, shop)
+}
+
+fn assert_intact(db: &Db) {
+    assert_eq!(db.counts(), (2, 0));
+    db.assert_clean();
+}
+
+#[test]
+fn query_injection_in_query_text() {
+    let (db, _) = injection_db();
+    for text in [
+        INJECTION.to_string(),
+        format!("match s: Shop select s {INJECTION}"),
+        "match s: Shop; DROP TABLE fact select s".to_string(),
+        "match s: Shop select s.name\" OR 1=1 --".to_string(),
+    ] {
+        assert!(Query::parse(&text).is_err(), "{text}");
+        let out = db.run(&["query", &text], b"");
+        assert_fails(&out, 1, "query at line");
+    }
+    assert_intact(&db);
+}
+
+#[test]
+fn query_injection_in_field_values() {
+    let (db, shop) = injection_db();
+    let q = format!("match s: Shop where s.name = {INJECTION:?} select hash(s)");
+    let rows = db
+        .store()
+        .query(&Query::parse(&q).unwrap(), &Givens::new())
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    let q = "match s: Shop where s.name = \"x' OR '1'='1\" select s";
+    let rows = db
+        .store()
+        .query(&Query::parse(q).unwrap(), &Givens::new())
+        .unwrap();
+    assert!(rows.is_empty());
+    let out = db.run(
+        &[
+            "--json",
+            "query",
+            &format!("match s: Shop where s.name = {INJECTION:?} select hash(s)"),
+        ],
+        b"",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&shop.hash().to_string()));
+    assert_intact(&db);
+}
+
+#[test]
+fn query_injection_in_names() {
+    // Type names, field names and roles are bound as values too: quotes in them match
+    // nothing and break nothing.
+    let (db, _) = injection_db();
+    for q in [
+        "match s: Shop where s.`name` = 1 select s",
+        "match o: Shop.Order where o.note\" = 1 select o",
+    ] {
+        assert!(Query::parse(q).is_err(), "{q}");
+    }
+    let q = "given s: Shop match o: Shop.Order where o->shop = s and o.x = 1 select o";
+    let mut givens = Givens::new();
+    givens.insert("s".into(), FactHash([1; 32]));
+    assert!(
+        db.store()
+            .query(&Query::parse(q).unwrap(), &givens)
+            .unwrap()
+            .is_empty()
+    );
+    assert_intact(&db);
+}
+
+/// Query text nested 10,000 levels deep in each of the three ways the grammar nests:
+/// `exists (...)`, record projections `{a: ...}` and collections `[match ... select ...]`.
+/// Run through the binary, so that a stack overflow fails this test instead of aborting the
+/// test process.
+#[test]
+#[ignore = "known bug: the query parser recurses without a depth bound and overflows the stack (docs/robustness.md)"]
+fn query_deep_nesting() {
+    let (db, _) = injection_db();
+    let n = 10_000;
+    let texts = [
+        format!(
+            "match s: Shop where {} s.name = 1 {} select s",
+            "exists (match o: Shop.Order where o->shop = s and ".repeat(n),
+            ")".repeat(n)
+        ),
+        format!(
+            "match s: Shop select {}s{}",
+            "{a: ".repeat(n),
+            "}".repeat(n)
+        ),
+        format!(
+            "match s: Shop select {}o{}",
+            "[match o: Shop.Order where o->shop = s select ".repeat(n),
+            "]".repeat(n)
+        ),
+    ];
+    for text in texts {
+        let file = db.path.with_file_name("deep.query");
+        std::fs::write(&file, &text).unwrap();
+        let out = db.run(&["query", "-f", file.to_str().unwrap()], b"");
+        assert_fails(&out, 1, "query at line");
+    }
+    assert_intact(&db);
+}
+
+// ---------------------------------------------------------------------------------------
+// The sync server
+
+fn grants() -> Tokens {
+    Tokens::new(vec![
+        Grant {
+            name: "writer".into(),
+            token: "w-secret".into(),
+            read: true,
+            write: true,
+            types: None,
+        },
+        Grant {
+            name: "reader".into(),
+            token: "r-secret".into(),
+            read: true,
+            write: false,
+            types: None,
+        },
+        Grant {
+            name: "shops-only".into(),
+            token: "s-secret".into(),
+            read: false,
+            write: true,
+            types: Some(vec!["Shop".into()]),
+        },
+    ])
+    .unwrap()
+}
+
+fn assert_error(got: (u16, serde_json::Value), status: u16, code: &str) {
+    assert_eq!(got.0, status, "{}", got.1);
+    assert_eq!(got.1["error"], code, "{}", got.1);
+}
+
+fn assert_nothing_stored(node: &Node) {
+    let s = node.store();
+    assert_eq!(s.count_and_max_seq().unwrap().0, 0);
+    assert_eq!(s.held_count().unwrap(), 0);
+    assert_eq!(s.quarantine_count().unwrap(), 0);
+}
+
+#[test]
+fn http_missing_bearer_token() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.tokens = grants());
+    let body = fact("Shop", 1, &[]).canonical_bytes().to_vec();
+    assert_error(
+        http(&server, "POST", "/v1/facts", CBOR, &body, None),
+        401,
+        "unauthorized",
+    );
+    assert_error(
+        http(&server, "GET", "/v1/facts", "", b"", None),
+        401,
+        "unauthorized",
+    );
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_wrong_bearer_token() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.tokens = grants());
+    let body = fact("Shop", 1, &[]).canonical_bytes().to_vec();
+    // (A trailing space is not a wrong token: HTTP trims it from the header value.)
+    for token in ["nope", "W-SECRET", "w-secre", "", INJECTION] {
+        let got = http(&server, "POST", "/v1/facts", CBOR, &body, Some(token));
+        assert_error(got, 401, "unauthorized");
+    }
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_read_only_token_pushes() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.tokens = grants());
+    let body = fact("Shop", 1, &[]).canonical_bytes().to_vec();
+    let got = http(&server, "POST", "/v1/facts", CBOR, &body, Some("r-secret"));
+    assert_error(got, 403, "forbidden");
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_forbidden_fact_type() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.tokens = grants());
+    let shop = fact("Shop", 1, &[]);
+    let order = fact("Shop.Order", 2, &[shop.hash()]);
+    let body = [shop.canonical_bytes(), order.canonical_bytes()].concat();
+    let got = http(&server, "POST", "/v1/facts", CBOR, &body, Some("s-secret"));
+    assert_error(got, 403, "forbidden_type");
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_oversized_body() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.limits.max_body_bytes = 1024);
+    let body: Vec<u8> = (0..300)
+        .flat_map(|i| fact("F", i, &[]).canonical_bytes().to_vec())
+        .collect();
+    assert!(body.len() > 1024);
+    let got = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+    assert_error(got, 413, "body_too_large");
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_too_many_facts_per_request() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.limits.max_facts_per_request = 5);
+    let body: Vec<u8> = (0..6)
+        .flat_map(|i| fact("F", i, &[]).canonical_bytes().to_vec())
+        .collect();
+    let got = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+    assert_error(got, 413, "too_many_facts");
+    let hashes: Vec<String> = (0..6).map(|i| FactHash([i; 32]).to_string()).collect();
+    let req = serde_json::json!({ "hashes": hashes }).to_string();
+    let got = http(&server, "POST", "/v1/fetch", JSON_CT, req.as_bytes(), None);
+    assert_error(got, 413, "too_many_facts");
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_over_the_held_bound() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.limits.max_held_per_peer = 2);
+    let body: Vec<u8> = (0..3)
+        .flat_map(|i| {
+            fact("Orphan", i, &[FactHash([9; 32])])
+                .canonical_bytes()
+                .to_vec()
+        })
+        .collect();
+    let got = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+    assert_error(got, 429, "held_limit");
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_missing_ancestors_in_push() {
+    let node = Node::new();
+    let server = node.serve();
+    let absent = FactHash([9; 32]);
+    let body = fact("Orphan", 1, &[absent]).canonical_bytes().to_vec();
+    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+    assert_eq!((status, json["held"].as_u64()), (200, Some(1)), "{json}");
+    assert_eq!(json["missing"][0], absent.to_string());
+    let s = node.store();
+    assert_eq!(
+        (s.count_and_max_seq().unwrap().0, s.held_count().unwrap()),
+        (0, 1)
+    );
+}
+
+#[test]
+fn http_non_canonical_record_in_push() {
+    // A good record, a non-canonical one (unsorted keys), a good one, then a cut record:
+    // the bad ones are rejected and quarantined with their bytes, the good ones stored.
+    let node = Node::new();
+    let server = node.serve();
+    let (a, b) = (fact("A", 1, &[]), fact("B", 2, &[]));
+    let body = [
+        a.canonical_bytes(),
+        &hex("84016154a2616201616101a0"),
+        b.canonical_bytes(),
+        &hex("840161"),
+    ]
+    .concat();
+    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["inserted"].as_u64(), Some(2), "{json}");
+    let rejected = json["rejected"].as_array().unwrap();
+    assert_eq!(rejected.len(), 2, "{json}");
+    assert!(
+        rejected[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("out of canonical order")
+    );
+    let s = node.store();
+    assert_eq!(s.count_and_max_seq().unwrap().0, 2);
+    assert_eq!(s.quarantine_count().unwrap(), 2);
+}
+
+#[test]
+fn http_wrong_content_type() {
+    let node = Node::new();
+    let server = node.serve();
+    let body = fact("A", 1, &[]).canonical_bytes().to_vec();
+    let got = http(&server, "POST", "/v1/facts", JSON_CT, &body, None);
+    assert_error(got, 415, "unsupported_media_type");
+    let got = http(
+        &server,
+        "POST",
+        "/v1/fetch",
+        CBOR,
+        br#"{"hashes":[]}"#,
+        None,
+    );
+    assert_error(got, 415, "unsupported_media_type");
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_malformed_fetch_body() {
+    let node = Node::new();
+    let server = node.serve();
+    for body in [
+        &b"not json"[..],
+        br#"{"hashes": "abc"}"#,
+        br#"{"hashes": ["zz"]}"#,
+        br#"{"hashes": ["deadbeef"]}"#,
+        &format!(r#"{{"hashes": [{INJECTION:?}]}}"#).into_bytes(),
+        &format!("{}{}", "[".repeat(10_000), "]".repeat(10_000)).into_bytes(),
+    ] {
+        let got = http(&server, "POST", "/v1/fetch", JSON_CT, body, None);
+        assert_error(got, 400, "bad_request");
+    }
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_injection_in_query_parameters() {
+    let node = Node::new();
+    node.store().insert(&fact("A", 1, &[])).unwrap();
+    let server = node.serve();
+    for path in [
+        "/v1/facts?after=1;DROP%20TABLE%20fact",
+        "/v1/facts?after=0%20OR%201=1",
+        "/v1/facts?root='%3B%20DROP%20TABLE%20fact%3B%20--",
+        "/v1/facts?limit=1%27",
+    ] {
+        assert_error(
+            http(&server, "GET", path, "", b"", None),
+            400,
+            "bad_request",
+        );
+    }
+    let s = node.store();
+    assert_eq!(s.count_and_max_seq().unwrap().0, 1);
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+}
+
+#[test]
+fn http_slow_request_times_out() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.limits.request_timeout = Duration::from_millis(300));
+    let mut s = TcpStream::connect(server.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // Promise a body and never send it.
+    write!(
+        s,
+        "POST /v1/facts HTTP/1.1\r\nhost: x\r\ncontent-type: {CBOR}\r\ncontent-length: 100\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"timeout\""), "{text}");
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_garbage_request() {
+    // Bytes that are not HTTP at all: the connection is answered 400 or closed, and the
+    // server keeps serving.
+    let node = Node::new();
+    let server = node.serve();
+    let mut s = TcpStream::connect(server.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"\x00\xff\x84garbage\r\n\r\n").unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 400"),
+        "{text}"
+    );
+    assert_eq!(http(&server, "GET", "/v1/health", "", b"", None).0, 200);
+    assert_nothing_stored(&node);
+}
