@@ -47,6 +47,8 @@ pub use model::{
     Cond, Condition, Given, Label, Match, OrderKey, Pos, Projection, Query, QueryBuilder, RolePath,
     SortBy, SubQuery, Test,
 };
+/// `#[derive(FactType)]`, from the `precedent-derive` crate (see [`typed`]).
+pub use precedent_derive::FactType;
 pub use run::{Givens, Projected, QueryRow};
 pub use typed::{Arity, FactType, Ref};
 pub use value::Op;

@@ -30,6 +30,33 @@
 //! assert_eq!(store.load(order)?, Order { shop, id: 7 });
 //! # Ok::<(), precedent::Error>(())
 //! ```
+//!
+//! The same with the derive macro, which reads the arity of each role from its Rust type
+//! (`Option` optional, `Vec` many, anything else one):
+//!
+//! ```
+//! use precedent::Store;
+//! use precedent::query::{FactType, Ref};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize, FactType, Debug, PartialEq)]
+//! #[fact(type = "Shop")]
+//! struct Shop { name: String }
+//!
+//! #[derive(Serialize, Deserialize, FactType, Debug, PartialEq)]
+//! #[fact(type = "Shop.Order")]
+//! struct Order {
+//!     #[fact(role)]
+//!     shop: Ref<Shop>,
+//!     id: u64,
+//! }
+//!
+//! let mut store = Store::open_in_memory()?;
+//! let shop = store.save(&Shop { name: "corner".into() })?;
+//! let order = store.save(&Order { shop, id: 7 })?;
+//! assert_eq!(store.load(order)?, Order { shop, id: 7 });
+//! # Ok::<(), precedent::Error>(())
+//! ```
 
 use std::collections::BTreeSet;
 use std::fmt;
