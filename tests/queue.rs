@@ -238,6 +238,7 @@ fn transient_failures_back_off_then_dead_letter_with_audit_fields() {
     );
     assert!(dead.predecessor_hashes().contains(&a.hash()));
     assert!(s.claim("ship", 1).unwrap().is_empty());
+    assert_eq!(s.queue_stats("ship").unwrap().failed_5m, 3);
     let breaches = s.queue_check(None).unwrap();
     assert!(
         breaches.iter().any(|b| b.alert == "dead" && b.value == 1),
@@ -520,7 +521,14 @@ fn completed_history_leaves_no_local_state() {
         s.complete(&l, |w| w.insert(&done).map(|_| ())).unwrap();
     }
     assert!(s.queue_items("ship", None, 100).unwrap().is_empty());
-    assert_eq!(s.queue_stats("ship").unwrap().completed, 50);
+    let st = s.queue_stats("ship").unwrap();
+    assert_eq!((st.completed, st.completed_5m, st.failed_5m), (50, 50, 0));
+    clock.advance(6 * 60 * 1000);
+    assert_eq!(
+        s.queue_stats("ship").unwrap().completed_5m,
+        0,
+        "rates cover five minutes"
+    );
 }
 
 /// A random DAG of orders (inputs) and notes (not inputs).

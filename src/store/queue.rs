@@ -358,24 +358,40 @@ impl Writer<'_> {
         Ok(())
     }
 
+    /// Counts a completion or failure for the per-minute rates. Kept in memory and
+    /// written once at commit ([`Writer::flush_rates`]), not per input.
     pub(crate) fn bump_rate(&mut self, queue_id: i64, what: &str) -> Result<()> {
         let minute = self.clock.now_ms() / 60_000;
-        let sql = match what {
-            "completed" => {
-                "INSERT INTO queue_rate (queue_id, minute, completed) VALUES (?1, ?2, 1)
-                            ON CONFLICT (queue_id, minute) DO UPDATE SET completed = completed + 1"
-            }
-            _ => {
-                "INSERT INTO queue_rate (queue_id, minute, failed) VALUES (?1, ?2, 1)
-                  ON CONFLICT (queue_id, minute) DO UPDATE SET failed = failed + 1"
-            }
-        };
-        self.tx
-            .prepare_cached(sql)?
-            .execute(params![queue_id, minute])?;
-        self.tx
-            .prepare_cached("DELETE FROM queue_rate WHERE queue_id = ?1 AND minute < ?2")?
-            .execute(params![queue_id, minute - 60])?;
+        let completed = i64::from(what == "completed");
+        self.rates
+            .push((queue_id, minute, completed, 1 - completed));
+        Ok(())
+    }
+
+    /// Writes the rate counts gathered in this transaction and drops buckets older than an
+    /// hour.
+    pub(crate) fn flush_rates(&mut self) -> Result<()> {
+        if self.rates.is_empty() {
+            return Ok(());
+        }
+        let mut sums: std::collections::BTreeMap<(i64, i64), (i64, i64)> = Default::default();
+        for (q, minute, c, f) in self.rates.drain(..) {
+            let e = sums.entry((q, minute)).or_default();
+            e.0 += c;
+            e.1 += f;
+        }
+        for ((q, minute), (c, f)) in &sums {
+            self.tx
+                .prepare_cached(
+                    "INSERT INTO queue_rate (queue_id, minute, completed, failed) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (queue_id, minute)
+                     DO UPDATE SET completed = completed + ?3, failed = failed + ?4",
+                )?
+                .execute(params![q, minute, c, f])?;
+            self.tx
+                .prepare_cached("DELETE FROM queue_rate WHERE queue_id = ?1 AND minute < ?2")?
+                .execute(params![q, minute - 60])?;
+        }
         Ok(())
     }
 }

@@ -176,12 +176,16 @@ impl Writer<'_> {
         lease: &Lease,
         handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
     ) -> Result<T> {
-        self.tx.execute_batch("SAVEPOINT precedent_complete")?;
+        self.tx
+            .prepare_cached("SAVEPOINT precedent_complete")?
+            .execute([])?;
         let held_before = self.held_snapshot();
         let result = self.complete_in_savepoint(lease, handler);
         match result {
             Ok(v) => {
-                self.tx.execute_batch("RELEASE precedent_complete")?;
+                self.tx
+                    .prepare_cached("RELEASE precedent_complete")?
+                    .execute([])?;
                 Ok(v)
             }
             Err(e) => {

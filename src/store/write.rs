@@ -92,6 +92,9 @@ pub struct Writer<'a> {
     max_held: u64,
     /// Whether the queue declarations were checked for this transaction.
     pub(crate) queues_checked: bool,
+    /// Completions and failures to add to the per-minute rates at commit:
+    /// (queue id, minute, completed, failed).
+    pub(crate) rates: Vec<(i64, i64, i64, i64)>,
     /// The held count as of this transaction, read lazily from the counter table.
     held: Option<i64>,
     /// The held count when first read, to write back only a change.
@@ -106,12 +109,14 @@ impl<'a> Writer<'a> {
             clock: options.clock.clone(),
             max_held: options.max_held,
             queues_checked: false,
+            rates: Vec::new(),
             held: None,
             held_at_start: 0,
         }
     }
 
-    pub(crate) fn commit(self) -> Result<()> {
+    pub(crate) fn commit(mut self) -> Result<()> {
+        self.flush_rates()?;
         if let Some(held) = self.held
             && held != self.held_at_start
         {
@@ -129,16 +134,18 @@ impl<'a> Writer<'a> {
         &self.tx
     }
 
-    /// The in-memory held count, to restore if a savepoint is rolled back.
-    pub(crate) fn held_snapshot(&self) -> Option<i64> {
-        self.held
+    /// The in-memory state a savepoint may change: the held count and the number of rate
+    /// counts gathered, to restore if the savepoint is rolled back.
+    pub(crate) fn held_snapshot(&self) -> (Option<i64>, usize) {
+        (self.held, self.rates.len())
     }
 
     /// Forgets in-memory state that a rolled-back savepoint may have made wrong: the held
     /// count goes back to `held`, names numbered since are forgotten (they will be looked
     /// up again), and queue declarations are re-read.
-    pub(crate) fn restore_after_rollback(&mut self, held: Option<i64>) {
+    pub(crate) fn restore_after_rollback(&mut self, (held, rates): (Option<i64>, usize)) {
         self.held = held;
+        self.rates.truncate(rates);
         self.ctx.names.rollback();
         self.queues_checked = false;
     }
