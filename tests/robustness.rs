@@ -239,6 +239,26 @@ fn cbor_huge_declared_length() {
     );
 }
 
+#[test]
+fn cbor_bad_predecessor_hash() {
+    // A predecessor hash of 31 bytes.
+    let b = hex(&format!("84016154a0a1617081581f{}", "ab".repeat(31)));
+    cbor_refused(&b, "a predecessor hash is 32 bytes");
+}
+
+#[test]
+fn cbor_unsorted_predecessors() {
+    // The same hash twice in one role.
+    let h = "ab".repeat(32);
+    let b = hex(&format!("84016154a0a16170825820{h}5820{h}"));
+    cbor_refused(&b, "predecessor hashes not sorted or duplicated");
+}
+
+#[test]
+fn cbor_empty_predecessor_role() {
+    cbor_refused(&hex("84016154a0a1617080"), "empty predecessor role");
+}
+
 // ---------------------------------------------------------------------------------------
 // The JSON form
 
@@ -304,6 +324,19 @@ fn json_wrong_hash() {
     let err = json::parse_standalone(text).unwrap_err();
     assert!(matches!(err, Error::HashMismatch { .. }), "{err}");
     json_refused(text, "hash mismatch");
+}
+
+#[test]
+fn json_too_many_predecessors() {
+    let hashes: Vec<String> = (0..1025u32).map(|i| format!("{i:064x}")).collect();
+    let text = serde_json::json!({"type": "T", "predecessors": {"p": hashes}}).to_string();
+    json_refused(&text, "1025 predecessors, over the limit of 1024");
+}
+
+#[test]
+fn json_type_name_too_long() {
+    let text = format!(r#"{{"type": "{}"}}"#, "T".repeat(256));
+    json_refused(&text, "type name is 256 bytes, over the limit of 255");
 }
 
 #[test]
@@ -546,6 +579,29 @@ fn query_injection_in_names() {
             .unwrap()
             .is_empty()
     );
+    assert_intact(&db);
+}
+
+#[test]
+fn query_givens_unbound_or_unknown() {
+    let (db, shop) = injection_db();
+    let q = "given s: Shop match o: Shop.Order where o->shop = s select o";
+    assert_fails(&db.run(&["query", q], b""), 2, "given s is not bound");
+    let given = format!("s={}", "ab".repeat(32));
+    assert_fails(
+        &db.run(&["query", q, "--given", &given], b""),
+        3,
+        "no fact matches prefix",
+    );
+    let given = format!("t={}", shop.hash());
+    assert_fails(
+        &db.run(&["query", q, "--given", &given], b""),
+        1,
+        "the query has no given t",
+    );
+    let given = format!("s={INJECTION}");
+    let out = db.run(&["query", q, "--given", &given], b"");
+    assert_ne!(out.status.code(), Some(0));
     assert_intact(&db);
 }
 
@@ -867,4 +923,94 @@ fn http_garbage_request() {
     );
     assert_eq!(http(&server, "GET", "/v1/health", "", b"", None).0, 200);
     assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_unknown_endpoint_or_method() {
+    let node = Node::new();
+    let server = node.serve();
+    assert_error(
+        http(&server, "GET", "/v2/facts", "", b"", None),
+        404,
+        "not_found",
+    );
+    assert_error(
+        http(&server, "GET", "/v1/facts/../../etc/passwd", "", b"", None),
+        404,
+        "not_found",
+    );
+    assert_error(
+        http(&server, "DELETE", "/v1/facts", "", b"", None),
+        405,
+        "method_not_allowed",
+    );
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_pull_parameters_out_of_range() {
+    let node = Node::new();
+    let server = node.serve_with(|c| {
+        c.limits.max_facts_per_request = 10;
+        c.limits.max_wait = Duration::from_millis(200);
+    });
+    for path in [
+        "/v1/facts?limit=0",
+        "/v1/facts?limit=11",
+        "/v1/facts?after=-1",
+        "/v1/facts?after=99999999999999999999",
+        "/v1/facts?wait_ms=x",
+    ] {
+        assert_error(
+            http(&server, "GET", path, "", b"", None),
+            400,
+            "bad_request",
+        );
+    }
+    // A long-poll wait over the bound is cut to the bound, not refused.
+    let start = std::time::Instant::now();
+    let (status, _) = http(&server, "GET", "/v1/facts?wait_ms=3600000", "", b"", None);
+    assert_eq!(status, 200);
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn http_too_many_connections() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.limits.max_connections = 1);
+    let mut held = TcpStream::connect(server.addr()).unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    // A complete keep-alive request proves the first connection is being served.
+    write!(held, "GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+    let mut buf = [0u8; 1024];
+    let n = held.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    let (status, json) = http(&server, "GET", "/v1/health", "", b"", None);
+    assert_eq!(
+        (status, json["error"].as_str()),
+        (503, Some("too_many_connections"))
+    );
+    drop(held);
+}
+
+#[test]
+fn http_duplicate_records_in_push() {
+    let node = Node::new();
+    let server = node.serve();
+    let f = fact("A", 1, &[]);
+    let body = [f.canonical_bytes(), f.canonical_bytes()].concat();
+    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(
+        (json["inserted"].as_u64(), json["duplicates"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let (_, again) = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+    assert_eq!(again["duplicates"].as_u64(), Some(2), "{again}");
+    assert_eq!(node.store().count_and_max_seq().unwrap().0, 1);
 }
