@@ -756,3 +756,55 @@ fn read_response(s: &mut TcpStream) -> (u16, serde_json::Value) {
 fn find(h: &[u8], n: &[u8]) -> Option<usize> {
     h.windows(n.len()).position(|w| w == n)
 }
+
+#[test]
+fn a_locked_database_answers_503_busy_and_stores_nothing() {
+    let a = Node::new();
+    let server = a.serve_with(|c| c.store_options.busy_timeout = Duration::from_millis(100));
+    // Another process holds the write lock past the server's busy timeout.
+    let lock = rusqlite::Connection::open(&a.db).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let body = fact("F", 1, &[]).canonical_bytes().to_vec();
+    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+    assert_eq!(
+        (status, json["error"].as_str()),
+        (503, Some("busy")),
+        "{json}"
+    );
+    lock.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(a.store().max_seq().unwrap(), 0);
+    // Once the lock is gone the same push is stored.
+    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(a.store().max_seq().unwrap(), 1);
+}
+
+#[test]
+fn a_corrupt_row_answers_500_internal_with_a_json_message() {
+    let a = Node::new();
+    let good = fact("F", 1, &[]);
+    a.store().insert(&good).unwrap();
+    let other = fact("F", 2, &[]);
+    let raw = rusqlite::Connection::open(&a.db).unwrap();
+    raw.execute(
+        "UPDATE fact SET bytes = ?1 WHERE seq = 1",
+        [other.canonical_bytes()],
+    )
+    .unwrap();
+    drop(raw);
+    let server = a.serve();
+    let req = serde_json::json!({ "hashes": [good.hash().to_string()] }).to_string();
+    let (status, json) = http(&server, "POST", "/v1/fetch", JSON_CT, req.as_bytes(), None);
+    assert_eq!(
+        (status, json["error"].as_str()),
+        (500, Some("internal")),
+        "{json}"
+    );
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&good.hash().to_string()),
+        "{json}"
+    );
+}

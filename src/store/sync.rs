@@ -142,6 +142,7 @@ impl Store {
         while let Some(row) = rows.next()? {
             let hash = hash_of(row.get(1)?)?;
             let bytes = row.get_ref(2)?.as_blob().map_err(rusqlite::Error::from)?;
+            super::read::check_bytes(&hash, bytes)?;
             f(row.get(0)?, hash, bytes)?;
         }
         Ok(())
@@ -200,6 +201,7 @@ impl Store {
             if let Some(row) = rows.next()? {
                 let hash = hash_of(row.get(0)?)?;
                 let bytes = row.get_ref(1)?.as_blob().map_err(rusqlite::Error::from)?;
+                super::read::check_bytes(&hash, bytes)?;
                 f(seq, hash, bytes)?;
             }
         }
@@ -238,6 +240,9 @@ impl Store {
         let mut out: Vec<(FactHash, Vec<u8>)> =
             released.into_iter().map(|(_, h, b)| (h, b)).collect();
         out.extend(held);
+        for (h, b) in &out {
+            super::read::check_bytes(h, b)?;
+        }
         Ok(out)
     }
 
