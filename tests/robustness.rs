@@ -583,6 +583,62 @@ fn query_injection_in_names() {
 }
 
 #[test]
+fn injection_in_stored_names_and_values() {
+    // Type name, field name, role name and value all SQL injection attempts: stored and
+    // read back verbatim, and nothing else happens.
+    let db = Db::new();
+    let base = json::to_json(&fact("Base", 1, &[])).to_string();
+    assert_eq!(
+        db.run(&["add", "-"], base.as_bytes()).status.code(),
+        Some(0)
+    );
+    let base_hash = fact("Base", 1, &[]).hash();
+    let text = serde_json::json!({
+        "type": INJECTION,
+        "fields": {INJECTION: INJECTION, "x\"); DELETE FROM fact; --": 1},
+        "predecessors": {INJECTION: base_hash.to_string()},
+    })
+    .to_string();
+    let out = db.run(&["add", "-"], text.as_bytes());
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hash = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let out = db.run(&["get", &hash], b"");
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["type"], INJECTION);
+    assert_eq!(got["fields"][INJECTION], INJECTION);
+    // Quoted, type and field names are a query's too, and bound as values.
+    let q = format!("match x: {INJECTION:?} where x.{INJECTION:?} = {INJECTION:?} select hash(x)");
+    let rows = db
+        .store()
+        .query(&Query::parse(&q).unwrap(), &Givens::new())
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(db.counts(), (2, 0));
+    db.assert_clean();
+}
+
+#[test]
+fn injection_in_queue_names() {
+    let (db, _) = injection_db();
+    assert_fails(
+        &db.run(&["queue", "show", INJECTION], b""),
+        3,
+        "no queue named",
+    );
+    assert_fails(
+        &db.run(&["dlq", "list", INJECTION], b""),
+        3,
+        "no queue named",
+    );
+    assert_intact(&db);
+}
+
+#[test]
 fn query_givens_unbound_or_unknown() {
     let (db, shop) = injection_db();
     let q = "given s: Shop match o: Shop.Order where o->shop = s select o";
