@@ -1,0 +1,627 @@
+//! Crash loops over every writing path (issue 6, point 2): import (with held facts
+//! released as their ancestors arrive), claim/complete, dead-lettering, sync pull and sync
+//! push. A child `precedent` process is killed with SIGKILL at a random moment (seeded),
+//! then the database is checked before the next restart:
+//!
+//! - `precedent verify` exits 0 (nothing half-written: every fact, edge and held record
+//!   is whole);
+//! - every fact released before is still released (nothing acknowledged is lost);
+//! - release order is topological (every fact after all its predecessors);
+//! - no queue input has two effects, two completions or two dead letters, and no input is
+//!   both completed and dead-lettered;
+//! - for sync, a bookmark never runs ahead of what is committed.
+//!
+//! When a database has taken in everything, the loop starts again on a fresh one, so kills
+//! keep landing while there is writing to do. Only kills that landed while the child was
+//! still running with work left count; each path asserts its count.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::assert_topological;
+use precedent::{Fact, FactHash, Store, json};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde_json::Value as Json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_precedent");
+/// Kills that must land per path.
+const KILLS: usize = 50;
+/// Attempts per path before giving up on reaching `KILLS`.
+const MAX_TRIES: usize = 400;
+
+fn cmd(db: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--db")
+        .arg(db)
+        .args(args)
+        .env_remove("PRECEDENT_DB")
+        .env_remove("PRECEDENT_TOKEN");
+    c
+}
+
+fn run(db: &Path, args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = cmd(db, args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Spawns a child with no stdio, sleeps a random moment, and SIGKILLs it. Returns whether
+/// the child was still running when the kill landed.
+fn spawn_and_kill(c: &mut Command, rng: &mut StdRng, max_delay: Duration) -> bool {
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let us = rng.random_range(1_000..max_delay.as_micros().max(2_000) as u64);
+    std::thread::sleep(Duration::from_micros(us));
+    kill(&mut child)
+}
+
+/// SIGKILLs `child` if it still runs; returns whether it did.
+fn kill(child: &mut Child) -> bool {
+    let running = child.try_wait().unwrap().is_none();
+    if running {
+        child.kill().unwrap(); // SIGKILL
+    }
+    child.wait().unwrap();
+    running
+}
+
+/// The invariants every restart checks: `verify` passes, release order is topological,
+/// and everything in `acked` is still released. Returns the released facts in order.
+fn check_store(db: &Path, acked: &HashSet<FactHash>) -> Vec<Fact> {
+    let out = cmd(db, &["verify"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "verify failed after a kill: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store = Store::open(db).unwrap();
+    assert_topological(&store);
+    let mut released = Vec::new();
+    store
+        .for_each_released(0, |_, _, bytes| {
+            released.push(Fact::from_canonical(bytes).unwrap());
+            Ok(())
+        })
+        .unwrap();
+    let now: HashSet<FactHash> = released.iter().map(Fact::hash).collect();
+    let lost = acked.difference(&now).count();
+    assert_eq!(lost, 0, "{lost} released facts lost after a kill");
+    released
+}
+
+/// `chains` chains of `len` facts each.
+fn chains(tag: &str, chains: usize, len: usize) -> Vec<Fact> {
+    let mut out = Vec::with_capacity(chains * len);
+    for c in 0..chains {
+        let mut prev: Option<FactHash> = None;
+        for i in 0..len {
+            let mut b = Fact::builder("Link")
+                .field("tag", tag)
+                .field("chain", c as i64)
+                .field("n", i as i64)
+                .field("pad", "x".repeat(64));
+            if let Some(p) = prev {
+                b = b.predecessor("prev", p);
+            }
+            let f = b.build().unwrap();
+            prev = Some(f.hash());
+            out.push(f);
+        }
+    }
+    out
+}
+
+fn report(path: &str, kills: usize, tries: usize, epochs: usize, started: Instant) {
+    eprintln!(
+        "crash loop {path}: {kills} SIGKILLs landed mid-write ({tries} runs, {epochs} fresh databases), {:?}",
+        started.elapsed()
+    );
+    assert!(
+        kills >= KILLS,
+        "{path}: only {kills} of {KILLS} kills landed while the child was writing"
+    );
+}
+
+#[test]
+fn crash_loop_import_and_held_release() {
+    let dir = tempfile::tempdir().unwrap();
+    // Chains listed in reverse: every fact but a chain's root arrives before its ancestors
+    // and is held, then the whole chain is released when its root comes.
+    let mut facts = chains("import", 12, 100);
+    facts.reverse();
+    let all: HashSet<FactHash> = facts.iter().map(Fact::hash).collect();
+    let jsonl = dir.path().join("facts.jsonl");
+    let cbor = dir.path().join("facts.cbor");
+    let text: String = facts
+        .iter()
+        .map(|f| json::to_json(f).to_string() + "\n")
+        .collect();
+    std::fs::write(&jsonl, text).unwrap();
+    let bytes: Vec<u8> = facts
+        .iter()
+        .flat_map(|f| f.canonical_bytes().to_vec())
+        .collect();
+    std::fs::write(&cbor, bytes).unwrap();
+
+    // How long an undisturbed import takes: kills fall uniformly within it.
+    let probe = dir.path().join("probe.db");
+    run(&probe, &["init"], b"");
+    let t = Instant::now();
+    run(&probe, &["import", jsonl.to_str().unwrap()], b"");
+    let full = t.elapsed() + Duration::from_millis(5);
+
+    let mut rng = StdRng::seed_from_u64(0xC0A5_0001);
+    let started = Instant::now();
+    let (mut kills, mut tries, mut epochs) = (0, 0, 0);
+    let mut db = PathBuf::new();
+    let mut acked: HashSet<FactHash> = HashSet::new();
+    while kills < KILLS && tries < MAX_TRIES {
+        if acked.len() == all.len() || tries == 0 {
+            epochs += 1;
+            db = dir.path().join(format!("import-{epochs}.db"));
+            run(&db, &["init"], b"");
+            acked.clear();
+        }
+        tries += 1;
+        let file = if tries % 2 == 0 { &jsonl } else { &cbor };
+        let landed = spawn_and_kill(
+            &mut cmd(&db, &["import", file.to_str().unwrap()]),
+            &mut rng,
+            full,
+        );
+        let released = check_store(&db, &acked);
+        for f in &released {
+            assert!(all.contains(&f.hash()), "a fact never imported: {f:?}");
+        }
+        let held = Store::open(&db).unwrap().held_count().unwrap();
+        assert!(
+            released.len() as u64 + held <= all.len() as u64,
+            "{} released and {held} held of {}",
+            released.len(),
+            all.len()
+        );
+        if landed && released.len() < all.len() {
+            kills += 1;
+        }
+        acked = released.iter().map(Fact::hash).collect();
+    }
+    // Restarting completes it: everything released, nothing held.
+    run(&db, &["import", jsonl.to_str().unwrap()], b"");
+    let released = check_store(&db, &acked);
+    assert_eq!(released.len(), all.len());
+    assert_eq!(Store::open(&db).unwrap().held_count().unwrap(), 0);
+    report("import + held release", kills, tries, epochs, started);
+}
+
+/// A handler that prints an `Effect` fact naming its input and carrying the attempt.
+const EFFECT: &str = r#"printf '{"type":"Effect","fields":{"attempt":%s},"predecessors":{"input":"%s"}}\n' "$PRECEDENT_ATTEMPT" "$PRECEDENT_INPUT_HASH""#;
+
+/// A database with `n` orders (in chains of four if `chained`: a dead-lettered input
+/// would block the rest of its chain) and a queue `ship` over them.
+fn queue_db(path: &Path, n: usize, max_attempts: &str, chained: bool) -> Vec<FactHash> {
+    run(path, &["init"], b"");
+    let shop = Fact::builder("Shop")
+        .field("name", "corner")
+        .build()
+        .unwrap();
+    let mut facts = vec![shop.clone()];
+    for i in 0..n {
+        let mut b = Fact::builder("Shop.Order")
+            .field("id", i as i64)
+            .predecessor("shop", shop.hash());
+        if chained && i % 4 != 0 {
+            b = b.predecessor("after", facts[i].hash());
+        }
+        facts.push(b.build().unwrap());
+    }
+    let text: String = facts
+        .iter()
+        .map(|f| json::to_json(f).to_string() + "\n")
+        .collect();
+    run(path, &["import", "-"], text.as_bytes());
+    run(
+        path,
+        &[
+            "queue",
+            "add",
+            "ship",
+            "--input",
+            "Shop.Order",
+            "--done-by",
+            "Shop.Shipped.order",
+            "--lease",
+            "300ms",
+            "--max-attempts",
+            max_attempts,
+            "--max-age",
+            "1d",
+            "--backoff-base",
+            "1ms",
+            "--backoff-cap",
+            "5ms",
+        ],
+        b"",
+    );
+    facts[1..].iter().map(Fact::hash).collect()
+}
+
+fn queue_stats(db: &Path) -> Json {
+    let out = run(db, &["--json", "queue", "stats", "ship"], b"");
+    serde_json::from_slice::<Json>(&out.stdout).unwrap()[0].clone()
+}
+
+fn pending(s: &Json) -> u64 {
+    ["ready", "leased", "delayed", "blocked"]
+        .iter()
+        .map(|k| s[k].as_u64().unwrap())
+        .sum()
+}
+
+/// Per input: (effects, completions, dead letters), checked to be at most one each and
+/// an effect exactly when a completion.
+fn queue_outcomes(released: &[Fact]) -> BTreeMap<FactHash, (usize, usize, usize)> {
+    let mut out: BTreeMap<FactHash, (usize, usize, usize)> = BTreeMap::new();
+    for f in released {
+        let role = match f.type_name() {
+            "Effect" => "input",
+            "Shop.Shipped" => "order",
+            "precedent.DeadLetter" => "input",
+            "precedent.Poison" => panic!("no input may be poisoned: {f:?}"),
+            _ => continue,
+        };
+        let input = *f.predecessors()[role].iter().next().unwrap();
+        let e = out.entry(input).or_default();
+        match f.type_name() {
+            "Effect" => e.0 += 1,
+            "Shop.Shipped" => e.1 += 1,
+            _ => e.2 += 1,
+        }
+    }
+    for (input, (effects, done, dead)) in &out {
+        assert!(
+            *effects <= 1 && *done <= 1 && *dead <= 1,
+            "{input}: {effects} effects, {done} completions, {dead} dead letters"
+        );
+        assert_eq!(effects, done, "{input}: an effect without its completion");
+        assert!(
+            *done + *dead <= 1,
+            "{input}: both completed and dead-lettered"
+        );
+    }
+    out
+}
+
+#[test]
+fn crash_loop_claim_and_complete() {
+    const INPUTS: usize = 120;
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = StdRng::seed_from_u64(0xC0A5_0002);
+    let started = Instant::now();
+    let (mut kills, mut tries, mut epochs) = (0, 0, 0);
+    let mut db = PathBuf::new();
+    let mut inputs = Vec::new();
+    let mut acked: HashSet<FactHash> = HashSet::new();
+    let mut completed = 0;
+    while kills < KILLS && tries < MAX_TRIES {
+        if tries == 0 || completed == INPUTS as u64 {
+            epochs += 1;
+            db = dir.path().join(format!("work-{epochs}.db"));
+            inputs = queue_db(&db, INPUTS, "100000", true);
+            acked.clear();
+            completed = 0;
+        }
+        tries += 1;
+        let mut c = cmd(
+            &db,
+            &[
+                "work", "ship", "-j", "2", "--batch", "4", "--poll", "10ms", "--quiet", "--", "sh",
+                "-c", EFFECT,
+            ],
+        );
+        let landed = spawn_and_kill(&mut c, &mut rng, Duration::from_millis(120));
+        let released = check_store(&db, &acked);
+        queue_outcomes(&released);
+        let s = queue_stats(&db);
+        let now = s["completed"].as_u64().unwrap();
+        assert!(
+            now >= completed,
+            "completions went back: {completed} -> {now}"
+        );
+        assert_eq!(s["dead"], 0, "{s}");
+        completed = now;
+        if landed && completed < INPUTS as u64 {
+            kills += 1;
+        }
+        acked = released.iter().map(Fact::hash).collect();
+    }
+    // Drain the last database: stranded leases expire, then every input has one effect.
+    let mut rounds = 0;
+    while pending(&queue_stats(&db)) > 0 {
+        rounds += 1;
+        assert!(rounds < 200, "still pending: {}", queue_stats(&db));
+        run(
+            &db,
+            &[
+                "work", "ship", "-j", "2", "--once", "--quiet", "--", "sh", "-c", EFFECT,
+            ],
+            b"",
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let released = check_store(&db, &acked);
+    let outcomes = queue_outcomes(&released);
+    for h in &inputs {
+        assert_eq!(outcomes.get(h), Some(&(1, 1, 0)), "{h}");
+    }
+    report("claim/complete", kills, tries, epochs, started);
+}
+
+#[test]
+fn crash_loop_dead_letter() {
+    const INPUTS: usize = 120;
+    // Fails every time: with a budget of two attempts each input is dead-lettered.
+    const FAIL: &str = "cat >/dev/null; exit 1";
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = StdRng::seed_from_u64(0xC0A5_0003);
+    let started = Instant::now();
+    let (mut kills, mut tries, mut epochs) = (0, 0, 0);
+    let mut db = PathBuf::new();
+    let mut inputs = Vec::new();
+    let mut acked: HashSet<FactHash> = HashSet::new();
+    let mut dead = 0;
+    while kills < KILLS && tries < MAX_TRIES {
+        if tries == 0 || dead == INPUTS as u64 {
+            epochs += 1;
+            db = dir.path().join(format!("dlq-{epochs}.db"));
+            inputs = queue_db(&db, INPUTS, "2", false);
+            acked.clear();
+            dead = 0;
+        }
+        tries += 1;
+        let mut c = cmd(
+            &db,
+            &[
+                "work", "ship", "-j", "2", "--batch", "4", "--poll", "10ms", "--quiet", "--", "sh",
+                "-c", FAIL,
+            ],
+        );
+        let landed = spawn_and_kill(&mut c, &mut rng, Duration::from_millis(120));
+        let released = check_store(&db, &acked);
+        let outcomes = queue_outcomes(&released);
+        let s = queue_stats(&db);
+        let now = s["dead"].as_u64().unwrap();
+        assert!(now >= dead, "dead letters went back: {dead} -> {now}");
+        assert_eq!(s["completed"], 0, "{s}");
+        let letters = outcomes.values().filter(|o| o.2 == 1).count() as u64;
+        assert_eq!(
+            letters, now,
+            "dead count and DeadLetter facts disagree: {s}"
+        );
+        dead = now;
+        if landed && dead < INPUTS as u64 {
+            kills += 1;
+        }
+        acked = released.iter().map(Fact::hash).collect();
+    }
+    let mut rounds = 0;
+    while pending(&queue_stats(&db)) > 0 {
+        rounds += 1;
+        assert!(rounds < 200, "still pending: {}", queue_stats(&db));
+        run(
+            &db,
+            &[
+                "work", "ship", "-j", "2", "--once", "--quiet", "--", "sh", "-c", FAIL,
+            ],
+            b"",
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let released = check_store(&db, &acked);
+    let outcomes = queue_outcomes(&released);
+    for h in &inputs {
+        assert_eq!(outcomes.get(h), Some(&(0, 0, 1)), "{h}");
+    }
+    assert_eq!(queue_stats(&db)["dead"], INPUTS as u64);
+    report("dead-letter", kills, tries, epochs, started);
+}
+
+/// A `precedent serve` child on a free port of 127.0.0.1; killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(db: &Path) -> Server {
+        let mut child = cmd(db, &["serve", "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = lines.next().expect("serve exited").unwrap();
+            if let Some(u) = line.strip_prefix("listening on ") {
+                break u.trim().to_string();
+            }
+        };
+        // Keep reading, so the server never writes to a closed pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Server { child, url }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        kill(&mut self.child);
+    }
+}
+
+/// Every fact of `from` through release sequence `through` is released in `to`.
+fn assert_prefix_present(from: &Path, through: i64, to: &Path) {
+    let from = Store::open(from).unwrap();
+    let to = Store::open(to).unwrap();
+    from.for_each_in_range(0, through, |seq, h, _| {
+        assert!(
+            to.get(&h).unwrap().is_some(),
+            "fact at seq {seq} is covered by the bookmark but not stored"
+        );
+        Ok(())
+    })
+    .unwrap();
+}
+
+fn seeded_db(path: &Path, facts: &[Fact]) {
+    run(path, &["init"], b"");
+    Store::open(path)
+        .unwrap()
+        .insert_batch(facts.to_vec())
+        .unwrap();
+}
+
+fn sync_time(db: &Path, url: &str, dir: &str) -> Duration {
+    let t = Instant::now();
+    run(db, &["sync", url, dir, "--batch", "20"], b"");
+    t.elapsed() + Duration::from_millis(5)
+}
+
+#[test]
+fn crash_loop_sync_pull() {
+    let dir = tempfile::tempdir().unwrap();
+    let facts = chains("pull", 20, 60);
+    let n = facts.len();
+    let a = dir.path().join("a.db");
+    seeded_db(&a, &facts);
+    let server = Server::start(&a);
+    let url = server.url.clone();
+    let probe = dir.path().join("probe.db");
+    run(&probe, &["init"], b"");
+    let full = sync_time(&probe, &url, "--pull");
+
+    let mut rng = StdRng::seed_from_u64(0xC0A5_0004);
+    let started = Instant::now();
+    let (mut kills, mut tries, mut epochs) = (0, 0, 0);
+    let mut b = PathBuf::new();
+    let mut acked: HashSet<FactHash> = HashSet::new();
+    while kills < KILLS && tries < MAX_TRIES {
+        if tries == 0 || acked.len() == n {
+            epochs += 1;
+            b = dir.path().join(format!("pull-{epochs}.db"));
+            run(&b, &["init"], b"");
+            acked.clear();
+        }
+        tries += 1;
+        let mut c = cmd(&b, &["sync", &url, "--pull", "--batch", "20"]);
+        let landed = spawn_and_kill(&mut c, &mut rng, full);
+        let released = check_store(&b, &acked);
+        let bookmark = Store::open(&b)
+            .unwrap()
+            .peer(&url)
+            .unwrap()
+            .map_or(0, |p| p.pull_after);
+        assert_prefix_present(&a, bookmark, &b);
+        if landed && released.len() < n {
+            kills += 1;
+        }
+        acked = released.iter().map(Fact::hash).collect();
+    }
+    run(&b, &["sync", &url, "--pull"], b"");
+    let released = check_store(&b, &acked);
+    assert_eq!(released.len(), n);
+    report("sync pull", kills, tries, epochs, started);
+}
+
+#[test]
+fn crash_loop_sync_push() {
+    let dir = tempfile::tempdir().unwrap();
+    let facts = chains("push", 20, 60);
+    let n = facts.len();
+    let b = dir.path().join("b.db");
+    seeded_db(&b, &facts);
+    let probe = dir.path().join("probe.db");
+    run(&probe, &["init"], b"");
+    let full = {
+        let s = Server::start(&probe);
+        sync_time(&b, &s.url, "--push")
+    };
+
+    let mut rng = StdRng::seed_from_u64(0xC0A5_0005);
+    let started = Instant::now();
+    let (mut kills, mut server_kills, mut tries, mut epochs) = (0, 0, 0, 0);
+    let mut a = PathBuf::new();
+    let mut server: Option<Server> = None;
+    let mut acked: HashSet<FactHash> = HashSet::new();
+    while kills < KILLS && tries < MAX_TRIES {
+        if tries == 0 || acked.len() == n {
+            epochs += 1;
+            server = None;
+            a = dir.path().join(format!("push-{epochs}.db"));
+            run(&a, &["init"], b"");
+            acked.clear();
+        }
+        let srv = server.get_or_insert_with(|| Server::start(&a));
+        let url = srv.url.clone();
+        tries += 1;
+        // The receiving server is the writer on a push: every third round it is the one
+        // killed (and restarted on a new port), otherwise the pushing client.
+        let mut client = cmd(&b, &["sync", &url, "--push", "--batch", "20"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let us = rng.random_range(1_000..full.as_micros().max(2_000) as u64);
+        std::thread::sleep(Duration::from_micros(us));
+        let landed = if tries % 3 == 0 {
+            let landed = client.try_wait().unwrap().is_none() && kill(&mut srv.child);
+            let _ = client.wait();
+            server = None;
+            if landed {
+                server_kills += 1;
+            }
+            landed
+        } else {
+            kill(&mut client)
+        };
+        let released = check_store(&a, &acked);
+        let push_after = Store::open(&b)
+            .unwrap()
+            .peer(&url)
+            .unwrap()
+            .map_or(0, |p| p.push_after);
+        assert_prefix_present(&b, push_after, &a);
+        if landed && released.len() < n {
+            kills += 1;
+        }
+        acked = released.iter().map(Fact::hash).collect();
+    }
+    let url = server.get_or_insert_with(|| Server::start(&a)).url.clone();
+    run(&b, &["sync", &url, "--push"], b"");
+    let released = check_store(&a, &acked);
+    assert_eq!(released.len(), n);
+    eprintln!("crash loop sync push: {server_kills} of the kills hit the receiving server");
+    report("sync push", kills, tries, epochs, started);
+}
