@@ -273,6 +273,20 @@ fn the_builder_makes_the_same_query_as_the_text() {
 }
 
 #[test]
+fn a_query_of_givens_alone_selects_them() {
+    let (store, givens) = documented_store();
+    let q = Query::parse("given s: Shop select {name: s.name, hash: hash(s)}").unwrap();
+    let rows = store.query(&q, &givens_for(&q, &givens)).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].value.to_json()["name"], "corner");
+    let empty = Query::builder()
+        .given("s", "Shop")
+        .matching("o", "Shop.Order", [Cond::exists([])])
+        .select(Projection::Fact("o".into()));
+    assert!(empty.unwrap_err().message.contains("at least one match"));
+}
+
+#[test]
 fn an_unbound_given_and_an_unknown_type_are_handled() {
     let (store, givens) = documented_store();
     let q = Query::parse("given s: Shop match o: Nothing where o->shop = s select o").unwrap();

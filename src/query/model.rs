@@ -227,7 +227,7 @@ impl Query {
             define(&mut all, &g.label)?;
             scope.push(g.label.name.clone());
         }
-        check_block(&self.matches, &mut scope, &mut all, self.givens.is_empty())?;
+        check_block(&self.matches, &mut scope, &mut all, true)?;
         check_order(&self.order, &scope)?;
         check_projection(&self.select, &scope, &mut all)
     }
@@ -261,16 +261,20 @@ fn known(scope: &[String], label: &Label) -> Result<(), QueryError> {
     ))
 }
 
-/// Checks a block of matches. `may_root`: the first match may stand alone (a top-level
-/// query without givens).
+/// Checks a block of matches. `top`: the top level of a query, which may have no matches,
+/// and whose first match may stand alone when there are no givens.
 fn check_block(
     matches: &[Match],
     scope: &mut Vec<String>,
     all: &mut BTreeSet<String>,
-    may_root: bool,
+    top: bool,
 ) -> Result<(), QueryError> {
-    if matches.is_empty() && !may_root {
-        return Err(err(Pos::default(), "exists needs at least one match"));
+    let may_root = top && scope.is_empty();
+    if matches.is_empty() && !top {
+        return Err(err(
+            Pos::default(),
+            "exists and child collections need at least one match",
+        ));
     }
     for (i, m) in matches.iter().enumerate() {
         define(all, &m.label)?;
