@@ -233,6 +233,44 @@ fn documented_errors_point_at_line_and_column() {
 }
 
 #[test]
+fn nesting_is_bounded_with_a_positioned_error() {
+    let deep = |n: usize| {
+        format!(
+            "match s: Shop where {} s.name = 1 {} select s",
+            "exists (match o: Shop.Order where o->shop = s and ".repeat(n),
+            ")".repeat(n)
+        )
+    };
+    // Labels repeat at each level, so a legal query of that depth fails the label check,
+    // not the depth bound.
+    let err = Query::parse(&deep(2)).unwrap_err().to_string();
+    assert!(err.contains("label o is already used"), "{err}");
+    for text in [
+        deep(10_000),
+        format!(
+            "match s: Shop select {}s{}",
+            "{a: ".repeat(10_000),
+            "}".repeat(10_000)
+        ),
+        format!(
+            "match s: Shop select {}o{}",
+            "[match o: Shop.Order where o->shop = s select ".repeat(10_000),
+            "]".repeat(10_000)
+        ),
+    ] {
+        let err = Query::parse(&text).unwrap_err().to_string();
+        assert!(err.contains("nesting deeper than 64 levels"), "{err}");
+        assert!(err.starts_with("query at line 1, column "), "{err}");
+    }
+    let ok = format!(
+        "given s: Shop select {}s.name{}",
+        "{a: ".repeat(64),
+        "}".repeat(64)
+    );
+    assert!(Query::parse(&ok).is_ok());
+}
+
+#[test]
 fn the_builder_makes_the_same_query_as_the_text() {
     let (store, givens) = documented_store();
     let built = Query::builder()

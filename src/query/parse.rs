@@ -206,9 +206,14 @@ fn lex(text: &str) -> Result<Vec<(Tok, Pos)>, QueryError> {
     Ok(out)
 }
 
+/// Deepest nesting of `exists`, records and child collections. The parser and the checks
+/// recurse once per level, so without a bound a long enough query would overflow the stack.
+pub const MAX_NESTING: usize = 64;
+
 struct Parser {
     toks: Vec<(Tok, Pos)>,
     at: usize,
+    depth: usize,
 }
 
 /// Parses and checks a query.
@@ -216,6 +221,7 @@ pub(crate) fn parse(text: &str) -> Result<Query, QueryError> {
     let mut p = Parser {
         toks: lex(text)?,
         at: 0,
+        depth: 0,
     };
     let q = p.query()?;
     q.check()?;
@@ -277,6 +283,22 @@ impl Parser {
         } else {
             Err(self.expected(&format!("{p:?} {what}")))
         }
+    }
+
+    /// Enters one level of nesting; refused past [`MAX_NESTING`].
+    fn nest(&mut self) -> Result<(), QueryError> {
+        self.depth += 1;
+        if self.depth > MAX_NESTING {
+            let pos = self.pos();
+            return Err(QueryError {
+                line: pos.line,
+                column: pos.column,
+                message: format!(
+                    "nesting deeper than {MAX_NESTING} levels of exists, records and collections"
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn label(&mut self) -> Result<Label, QueryError> {
@@ -391,8 +413,10 @@ impl Parser {
         if negated || self.is_kw("exists") {
             self.kw("exists")?;
             self.punct("(", "after exists")?;
+            self.nest()?;
             let matches = self.matches(true)?;
             self.punct(")", "closing exists")?;
+            self.depth -= 1;
             return Ok(Condition::Exists {
                 negated,
                 matches,
@@ -556,6 +580,7 @@ impl Parser {
 
     fn projection(&mut self) -> Result<Projection, QueryError> {
         if self.eat("{") {
+            self.nest()?;
             let mut items = Vec::new();
             loop {
                 let key = self.name("a record key")?;
@@ -566,14 +591,17 @@ impl Parser {
                 }
             }
             self.punct("}", "closing the record")?;
+            self.depth -= 1;
             return Ok(Projection::Record(items));
         }
         if self.eat("[") {
+            self.nest()?;
             let matches = self.matches(true)?;
             let (order, limit) = self.order_limit()?;
             self.kw("select")?;
             let select = self.projection()?;
             self.punct("]", "closing the collection")?;
+            self.depth -= 1;
             return Ok(Projection::Collection(Box::new(SubQuery {
                 matches,
                 order,
