@@ -665,7 +665,6 @@ fn query_givens_unbound_or_unknown() {
 /// Run through the binary, so that a stack overflow fails this test instead of aborting the
 /// test process.
 #[test]
-#[ignore = "known bug: the query parser recurses without a depth bound and overflows the stack (docs/robustness.md)"]
 fn query_deep_nesting() {
     let (db, _) = injection_db();
     let n = 10_000;

@@ -236,14 +236,31 @@ fn message(err: &anyhow::Error) -> String {
 
 /// Lowercases the first letter of a sentence-like part ("No such file" but not "SQLite").
 fn lowercase_first(part: &str) -> String {
-    let mut chars = part.chars();
-    match (chars.next(), chars.next()) {
-        (Some(a), Some(b)) if a.is_uppercase() && b.is_lowercase() => {
+    // Only an ordinary capitalised word ("Invalid") is lowered; a name such as "NaN" or
+    // "SQLite" keeps its case.
+    let word: Vec<char> = part.chars().take_while(|c| c.is_alphanumeric()).collect();
+    match word.split_first() {
+        Some((a, rest))
+            if a.is_uppercase() && !rest.is_empty() && rest.iter().all(|c| c.is_lowercase()) =>
+        {
             let mut s: String = a.to_lowercase().collect();
             s.push_str(&part[a.len_utf8()..]);
             s
         }
         _ => part.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lowercase_first;
+
+    #[test]
+    fn only_ordinary_capitalised_words_are_lowered() {
+        assert_eq!(lowercase_first("Invalid fact"), "invalid fact");
+        assert_eq!(lowercase_first("NaN is not allowed"), "NaN is not allowed");
+        assert_eq!(lowercase_first("SQLite says no"), "SQLite says no");
+        assert_eq!(lowercase_first("already lower"), "already lower");
     }
 }
 
