@@ -251,19 +251,6 @@ fn lowercase_first(part: &str) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::lowercase_first;
-
-    #[test]
-    fn only_ordinary_capitalised_words_are_lowered() {
-        assert_eq!(lowercase_first("Invalid fact"), "invalid fact");
-        assert_eq!(lowercase_first("NaN is not allowed"), "NaN is not allowed");
-        assert_eq!(lowercase_first("SQLite says no"), "SQLite says no");
-        assert_eq!(lowercase_first("already lower"), "already lower");
-    }
-}
-
 /// A progress bar on stderr, or a hidden one when stderr is not a terminal.
 /// `len` is the total in bytes when known; otherwise a spinner counts.
 pub fn progress(len: Option<u64>, what: &str) -> ProgressBar {
@@ -301,5 +288,18 @@ pub fn source_name(path: &Path) -> String {
         "stdin".to_string()
     } else {
         path.display().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lowercase_first;
+
+    #[test]
+    fn only_ordinary_capitalised_words_are_lowered() {
+        assert_eq!(lowercase_first("Invalid fact"), "invalid fact");
+        assert_eq!(lowercase_first("NaN is not allowed"), "NaN is not allowed");
+        assert_eq!(lowercase_first("SQLite says no"), "SQLite says no");
+        assert_eq!(lowercase_first("already lower"), "already lower");
     }
 }
