@@ -291,6 +291,37 @@ pub fn source_name(path: &Path) -> String {
     }
 }
 
+/// Calls `then` on a thread of its own when the process gets SIGINT or SIGTERM; commands
+/// that run until interrupted (`sync --follow`, `work`) use it to stop cleanly. tokio is
+/// already a dependency (for sync), so its signal handling is used rather than another crate.
+pub fn on_stop_signal(then: impl FnOnce() + Send + 'static) {
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        let received = rt.block_on(async {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                return false;
+            };
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            true
+        });
+        if received {
+            then();
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::lowercase_first;

@@ -227,29 +227,10 @@ fn follow(
 /// round may be waiting on the server for up to 25 s, so if it has not ended 2 s later the
 /// process exits: every committed page is kept and its bookmark with it, so nothing is lost.
 fn stop_on_signal(stop: Arc<AtomicBool>) {
-    std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        rt.block_on(async move {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut int), Ok(mut term)) = (
-                signal(SignalKind::interrupt()),
-                signal(SignalKind::terminate()),
-            ) else {
-                return;
-            };
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            std::process::exit(0);
-        });
+    super::on_stop_signal(move || {
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        std::thread::sleep(Duration::from_secs(2));
+        std::process::exit(0);
     });
 }
 

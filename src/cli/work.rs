@@ -397,30 +397,9 @@ fn complete(
 
 /// Sets `stop` on SIGINT or SIGTERM. The worker then claims nothing more, lets running
 /// commands finish, completes or fails them and gives back what it had not started.
-/// tokio is already a dependency (for sync), so its signal handling is used rather than
-/// another crate.
 fn stop_on_signal(stop: Arc<AtomicBool>) {
-    std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        rt.block_on(async move {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut int), Ok(mut term)) = (
-                signal(SignalKind::interrupt()),
-                signal(SignalKind::terminate()),
-            ) else {
-                return;
-            };
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            eprintln!("stopping: finishing running commands");
-            stop.store(true, Ordering::Relaxed);
-        });
+    super::on_stop_signal(move || {
+        eprintln!("stopping: finishing running commands");
+        stop.store(true, Ordering::Relaxed);
     });
 }
