@@ -1,76 +1,24 @@
 //! End-to-end tests of the `precedent` binary against temporary databases.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
+mod common;
+
+use common::bin::{BIN, Db, code, stderr, stdout};
 use precedent::{Fact, FactHash, json};
 use serde_json::Value as Json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_precedent");
-
-struct Db {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-}
-
 impl Db {
-    fn new() -> Db {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("test.db");
-        Db { _dir: dir, path }
-    }
-
     /// A file next to the database.
     fn file(&self, name: &str) -> PathBuf {
         self.path.with_file_name(name)
     }
 
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("--db").arg(&self.path).args(args);
-        c.env_remove("PRECEDENT_DB");
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.run_with(args, b"")
-    }
-
-    fn run_with(&self, args: &[&str], stdin: &[u8]) -> Output {
-        let mut child = self
-            .cmd(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
-        child.wait_with_output().unwrap()
-    }
-
-    /// Runs a command that must succeed; returns its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
-        String::from_utf8(out.stdout).unwrap()
-    }
-
     fn stats(&self) -> Json {
-        serde_json::from_str(&self.ok(&["--json", "stats"])).unwrap()
+        self.json(&["stats"])
     }
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().expect("exited normally")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A small tree: a root, `n` children of it, and a grandchild per child.

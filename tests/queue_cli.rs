@@ -1,64 +1,21 @@
 //! End-to-end tests of the queue commands (`queue`, `dlq`, `poison queue`, `work`)
 //! against temporary databases.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
+mod common;
+
+use common::bin::{Db, code, stderr, stdout};
 use precedent::{Fact, json};
 use serde_json::Value as Json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_precedent");
-
-struct Db {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-}
-
 impl Db {
-    fn new() -> Db {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("test.db");
-        let db = Db { _dir: dir, path };
+    /// A new, initialised database.
+    fn initialised() -> Db {
+        let db = Db::new();
         db.ok(&["init"]);
         db
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("--db").arg(&self.path).args(args);
-        c.env_remove("PRECEDENT_DB");
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.run_with(args, b"")
-    }
-
-    fn run_with(&self, args: &[&str], stdin: &[u8]) -> Output {
-        let mut child = self
-            .cmd(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
-        child.wait_with_output().unwrap()
-    }
-
-    /// Runs a command that must succeed; returns its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn json(&self, args: &[&str]) -> Json {
-        let mut all = vec!["--json"];
-        all.extend_from_slice(args);
-        serde_json::from_str(&self.ok(&all)).unwrap()
     }
 
     fn import(&self, facts: &[Fact]) {
@@ -80,18 +37,6 @@ impl Db {
     fn queue_stats(&self, name: &str) -> Json {
         self.json(&["queue", "stats", name])[0].clone()
     }
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().expect("exited normally")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A shop and `n` orders of it, each order after the previous one when `chained`.
@@ -136,7 +81,7 @@ fn work_once(db: &Db, script: &str) -> Output {
 
 #[test]
 fn queue_add_list_show_rm_round_trip() {
-    let db = Db::new();
+    let db = Db::initialised();
     db.import(&orders(3, false));
     let added = db.json(&[
         "queue",
@@ -208,7 +153,7 @@ fn queue_add_list_show_rm_round_trip() {
 
 #[test]
 fn done_by_splits_at_the_last_dot_and_bad_arguments_are_usage_errors() {
-    let db = Db::new();
+    let db = Db::initialised();
     db.ok(&[
         "queue",
         "add",
@@ -253,7 +198,7 @@ fn done_by_splits_at_the_last_dot_and_bad_arguments_are_usage_errors() {
 
 #[test]
 fn work_stores_stdout_facts_with_the_completion_in_one_transaction() {
-    let db = Db::new();
+    let db = Db::initialised();
     db.import(&orders(3, false));
     declare(&db, &[]);
     // Output that cannot be parsed after a valid fact: nothing of it is stored, and the
@@ -310,7 +255,7 @@ fn work_stores_stdout_facts_with_the_completion_in_one_transaction() {
 
 #[test]
 fn a_handler_may_write_its_own_completion_and_read_its_input_on_stdin() {
-    let db = Db::new();
+    let db = Db::initialised();
     db.import(&orders(2, false));
     declare(&db, &[]);
     // The completion carries the order id read from stdin.
@@ -328,7 +273,7 @@ fn a_handler_may_write_its_own_completion_and_read_its_input_on_stdin() {
 
 #[test]
 fn exit_75_retries_after_backoff_until_it_succeeds() {
-    let db = Db::new();
+    let db = Db::initialised();
     db.import(&orders(1, false));
     declare(&db, &["--backoff-base", "10ms", "--backoff-cap", "20ms"]);
     let script =
@@ -349,7 +294,7 @@ fn exit_75_retries_after_backoff_until_it_succeeds() {
 
 #[test]
 fn exit_65_is_poison_listed_shown_and_redriven() {
-    let db = Db::new();
+    let db = Db::initialised();
     let facts = orders(2, false);
     db.import(&facts);
     declare(&db, &[]);
@@ -384,7 +329,7 @@ fn exit_65_is_poison_listed_shown_and_redriven() {
 
 #[test]
 fn permanent_failures_go_to_the_dlq_and_check_alerts_until_discarded() {
-    let db = Db::new();
+    let db = Db::initialised();
     let facts = orders(2, false);
     db.import(&facts);
     declare(&db, &["--max-attempts", "1", "--unordered"]);
@@ -434,7 +379,7 @@ fn permanent_failures_go_to_the_dlq_and_check_alerts_until_discarded() {
 
 #[test]
 fn prometheus_output_is_well_formed() {
-    let db = Db::new();
+    let db = Db::initialised();
     db.import(&orders(3, true));
     declare(&db, &[]);
     db.ok(&[
@@ -496,7 +441,7 @@ fn prometheus_output_is_well_formed() {
 
 #[test]
 fn queue_items_shows_causal_blocking_by_a_dead_letter() {
-    let db = Db::new();
+    let db = Db::initialised();
     let facts = orders(2, true);
     db.import(&facts);
     declare(&db, &["--max-attempts", "1"]);
@@ -531,7 +476,7 @@ fn queue_items_shows_causal_blocking_by_a_dead_letter() {
 
 #[test]
 fn work_on_an_unknown_queue_is_not_found() {
-    let db = Db::new();
+    let db = Db::initialised();
     let out = db.run(&["work", "nope", "--once", "--", "true"]);
     assert_eq!(code(&out), 3);
     assert!(stderr(&out).contains("no queue named \"nope\""));
@@ -539,7 +484,7 @@ fn work_on_an_unknown_queue_is_not_found() {
 
 #[test]
 fn sigterm_lets_the_running_command_finish_and_releases_the_rest() {
-    let db = Db::new();
+    let db = Db::initialised();
     db.import(&orders(5, false));
     declare(&db, &["--unordered"]);
     let started = db.path.with_file_name("started");
@@ -584,7 +529,7 @@ fn sigterm_lets_the_running_command_finish_and_releases_the_rest() {
 
 #[test]
 fn concurrent_jobs_complete_every_input_once() {
-    let db = Db::new();
+    let db = Db::initialised();
     db.import(&orders(40, false));
     declare(&db, &["--unordered"]);
     let out = db.run(&[
@@ -598,7 +543,7 @@ fn concurrent_jobs_complete_every_input_once() {
 
 #[test]
 fn a_command_that_cannot_start_stops_the_worker_and_gives_the_input_back() {
-    let db = Db::new();
+    let db = Db::initialised();
     db.import(&orders(1, false));
     declare(&db, &[]);
     let out = db.run(&["work", "ship", "--once", "--", "/nonexistent/handler"]);

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod bin;
+
 use precedent::{Fact, FactHash, Store};
 
 /// A fact of type `t` with an `n` field and the given predecessors under role `p`.
