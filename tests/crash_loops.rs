@@ -559,11 +559,14 @@ fn crash_loop_sync_push() {
     let dir = tempfile::tempdir().unwrap();
     let facts = chains("push", 20, 60);
     let n = facts.len();
-    let b = dir.path().join("b.db");
-    seeded_db(&b, &facts);
+    // Peers are known by URL and the OS may hand a later server the port of an earlier
+    // one, so every receiving database gets a pushing database of its own: a bookmark
+    // kept for another database behind the same URL must not skip this one's facts.
     let probe = dir.path().join("probe.db");
     run(&probe, &["init"], b"");
     let full = {
+        let b = dir.path().join("b-probe.db");
+        seeded_db(&b, &facts);
         let s = Server::start(&probe);
         sync_time(&b, &s.url, "--push")
     };
@@ -571,7 +574,7 @@ fn crash_loop_sync_push() {
     let mut rng = StdRng::seed_from_u64(0xC0A5_0005);
     let started = Instant::now();
     let (mut kills, mut server_kills, mut tries, mut epochs) = (0, 0, 0, 0);
-    let mut a = PathBuf::new();
+    let (mut a, mut b) = (PathBuf::new(), PathBuf::new());
     let mut server: Option<Server> = None;
     let mut acked: HashSet<FactHash> = HashSet::new();
     while kills < KILLS && tries < MAX_TRIES {
@@ -580,6 +583,8 @@ fn crash_loop_sync_push() {
             server = None;
             a = dir.path().join(format!("push-{epochs}.db"));
             run(&a, &["init"], b"");
+            b = dir.path().join(format!("b-{epochs}.db"));
+            seeded_db(&b, &facts);
             acked.clear();
         }
         let srv = server.get_or_insert_with(|| Server::start(&a));
