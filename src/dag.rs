@@ -102,10 +102,10 @@ pub fn is_release_ordered(batch: &[Fact]) -> bool {
 /// Hashes a [`FactHash`] by its first 8 bytes: they are already uniformly distributed, so
 /// running SipHash over all 32 would only cost time.
 #[derive(Clone, Copy, Default)]
-struct BuildFactHasher;
+pub(crate) struct BuildFactHasher;
 
 #[derive(Default)]
-struct FactHasher(u64);
+pub(crate) struct FactHasher(u64);
 
 impl std::hash::BuildHasher for BuildFactHasher {
     type Hasher = FactHasher;

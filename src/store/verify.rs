@@ -186,6 +186,10 @@ impl Store {
         let mut waits = self
             .conn
             .prepare("SELECT 1 FROM held_wait WHERE missing = ?1 AND waiter = ?2")?;
+        let mut child_waits = self.conn.prepare(
+            "SELECT 1 FROM held_child c JOIN held h ON h.id = c.parent
+             WHERE h.hash = ?1 AND c.waiter = ?2",
+        )?;
         let mut wait_rows: i64 = 0;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
@@ -217,7 +221,9 @@ impl Store {
             }
             let id: i64 = row.get(3)?;
             for p in &absent {
-                if !waits.exists(params![&p.0[..], id])? {
+                if !waits.exists(params![&p.0[..], id])?
+                    && !child_waits.exists(params![&p.0[..], id])?
+                {
                     report.problem(
                         Some(hash),
                         format!("does not wait for absent predecessor {p}"),
@@ -247,12 +253,21 @@ impl Store {
                 format!("held counter says {counter}, table has {}", report.held),
             );
         }
-        let (rows, orphans): (i64, i64) = self.conn.query_row(
+        let (by_hash, orphans_by_hash): (i64, i64) = self.conn.query_row(
             "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.id = w.waiter))
              FROM held_wait w",
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
+        let (by_parent, orphans_by_parent): (i64, i64) = self.conn.query_row(
+            "SELECT count(*), count(*) FILTER (
+                 WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.id = c.waiter)
+                    OR NOT EXISTS (SELECT 1 FROM held h WHERE h.id = c.parent))
+             FROM held_child c",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let (rows, orphans) = (by_hash + by_parent, orphans_by_hash + orphans_by_parent);
         if orphans > 0 {
             report.problem(None, format!("{orphans} wait rows name no held fact"));
         }

@@ -10,6 +10,7 @@ use crate::dag;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::{FactHash, HashPrefix};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// What became of one inserted fact.
@@ -83,6 +84,30 @@ impl BatchReport {
     }
 }
 
+/// Held-set rows a cascade has used up, removed or updated together (see
+/// [`Writer::release_waiters`]).
+#[derive(Default)]
+struct Cleanup {
+    /// Facts released by the cascade whose `held_wait` rows are to be deleted.
+    waits: Vec<FactHash>,
+    /// Held rows released by the cascade whose `held_child` rows are to be deleted.
+    children: Vec<i64>,
+    /// Held rows released by the cascade, to be deleted.
+    rows: Vec<i64>,
+    /// Held rows still missing something: how many of their missing ancestors arrived
+    /// since their `missing` count was last written.
+    arrivals: HashMap<i64, i64>,
+}
+
+impl Cleanup {
+    /// Entries gathered before they are written: bounds the memory of a long cascade.
+    const BATCH: usize = 65_536;
+
+    fn len(&self) -> usize {
+        self.waits.len() + self.children.len() + self.rows.len() + self.arrivals.len()
+    }
+}
+
 /// A write transaction on a store. Everything written through it commits together when
 /// the closure given to [`crate::Store::write`] returns `Ok`; dropping it rolls back.
 pub struct Writer<'a> {
@@ -99,6 +124,11 @@ pub struct Writer<'a> {
     held: Option<i64>,
     /// The held count when first read, to write back only a change.
     held_at_start: i64,
+    /// During [`Writer::insert_batch`], the facts of the batch that are held (and not
+    /// released since), with their `held` row ids: a fact naming one of them as a
+    /// predecessor is held without looking that predecessor up, and waits for it in
+    /// `held_child` by row id. `None` outside a batch.
+    batch_held: Option<HashMap<FactHash, i64, dag::BuildFactHasher>>,
 }
 
 impl<'a> Writer<'a> {
@@ -112,6 +142,7 @@ impl<'a> Writer<'a> {
             rates: Vec::new(),
             held: None,
             held_at_start: 0,
+            batch_held: None,
         }
     }
 
@@ -180,18 +211,28 @@ impl<'a> Writer<'a> {
         let mut missing = Vec::new();
         for (role, set) in fact.predecessors() {
             for hash in set {
+                if let Some(&id) = self.batch_held.as_ref().and_then(|b| b.get(hash)) {
+                    missing.push((*hash, Some(id)));
+                    continue;
+                }
                 match self.released_seq(hash)? {
                     Some(seq) => preds.push((role.as_str(), seq)),
-                    None => missing.push(*hash),
+                    None => missing.push((*hash, None)),
                 }
             }
         }
         if !missing.is_empty() {
             missing.sort_unstable();
-            missing.dedup();
+            missing.dedup_by_key(|(m, _)| *m);
             return self.hold(fact, missing);
         }
-        let seq = self.insert_released(fact, &preds)?;
+        let Some(seq) = self.insert_released(fact, &preds)? else {
+            // Stored already: a fact whose ancestors are all released may be released
+            // itself, which the fact table's unique hash tells at no extra cost.
+            return Ok(InsertOutcome::Duplicate {
+                seq: self.released_seq(&fact.hash())?,
+            });
+        };
         let released = 1 + self.release_waiters(fact.hash(), seq)?;
         Ok(InsertOutcome::Inserted { seq, released })
     }
@@ -205,16 +246,23 @@ impl<'a> Writer<'a> {
     /// [`BatchReport::refused`] instead of failing the batch.
     pub fn insert_batch(&mut self, facts: Vec<Fact>) -> Result<BatchReport> {
         let mut report = BatchReport::default();
-        // Facts already released are dropped first, so a re-delivered batch costs one
-        // lookup per fact and no ordering work.
-        let mut fresh = Vec::with_capacity(facts.len());
-        for fact in facts {
-            if self.released_seq(&fact.hash())?.is_some() {
-                report.duplicates += 1;
-            } else {
-                fresh.push(fact);
+        // A batch that starts with stored facts is probably a re-delivery: its released
+        // facts are dropped first, a lookup each, so it costs no ordering and no
+        // predecessor lookups. Otherwise facts go straight to insertion, where the unique
+        // hash of the fact table tells a duplicate apart without a lookup of its own.
+        let fresh = if self.starts_with_released(&facts)? {
+            let mut fresh = Vec::with_capacity(facts.len());
+            for fact in facts {
+                if self.released_seq(&fact.hash())?.is_some() {
+                    report.duplicates += 1;
+                } else {
+                    fresh.push(fact);
+                }
             }
-        }
+            fresh
+        } else {
+            facts
+        };
         let given = fresh.len() as u64;
         let ordered = if dag::is_release_ordered(&fresh) {
             fresh
@@ -222,16 +270,31 @@ impl<'a> Writer<'a> {
             dag::release_order(fresh)
         };
         report.duplicates += given - ordered.len() as u64;
-        // A fact checked above can only have been released since by a cascade, and a
-        // cascade needs held facts: while there are none, the check need not be repeated.
-        let mut may_cascade = self.held_count()? > 0;
-        for fact in &ordered {
-            let outcome = if may_cascade {
-                self.insert(fact)
-            } else {
-                self.insert_unreleased(fact)
-            };
-            match outcome {
+        self.batch_held = Some(HashMap::with_hasher(dag::BuildFactHasher));
+        let outcome = self.insert_ordered(&ordered, &mut report);
+        self.batch_held = None;
+        outcome?;
+        Ok(report)
+    }
+
+    /// How many leading facts of a batch [`Writer::insert_batch`] looks up to tell a
+    /// re-delivered batch from a new one.
+    const PROBE: usize = 8;
+
+    /// Whether any of the first [`Writer::PROBE`] facts of `facts` is released.
+    fn starts_with_released(&self, facts: &[Fact]) -> Result<bool> {
+        for fact in facts.iter().take(Self::PROBE) {
+            if self.released_seq(&fact.hash())?.is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Inserts a parents-first batch, adding the outcomes to `report`.
+    fn insert_ordered(&mut self, ordered: &[Fact], report: &mut BatchReport) -> Result<()> {
+        for fact in ordered {
+            match self.insert_unreleased(fact) {
                 Ok(InsertOutcome::Inserted { released, .. }) => {
                     report.inserted += 1;
                     report.released += released;
@@ -239,15 +302,12 @@ impl<'a> Writer<'a> {
                 Ok(InsertOutcome::Duplicate { .. }) => report.duplicates += 1,
                 // The batch is parents-first, so nothing later in it can release this
                 // fact: its missing ancestors are outside the batch.
-                Ok(InsertOutcome::Held { .. }) => {
-                    report.held += 1;
-                    may_cascade = true;
-                }
+                Ok(InsertOutcome::Held { .. }) => report.held += 1,
                 Err(Error::HeldLimit { hash, .. }) => report.refused.push(hash),
                 Err(e) => return Err(e),
             }
         }
-        Ok(report)
+        Ok(())
     }
 
     /// The release sequence of `hash`, if it is released.
@@ -266,7 +326,10 @@ impl<'a> Writer<'a> {
             .exists([&hash.0[..]])?)
     }
 
-    fn hold(&mut self, fact: &Fact, missing: Vec<FactHash>) -> Result<InsertOutcome> {
+    /// Holds `fact`, waiting for the predecessors in `missing` (each with its `held` row
+    /// id when it is known to be held: those waits go to `held_child`, keyed by that id,
+    /// and the others to `held_wait`, keyed by hash).
+    fn hold(&mut self, fact: &Fact, missing: Vec<(FactHash, Option<i64>)>) -> Result<InsertOutcome> {
         let hash = fact.hash();
         let held = self.held_count()?;
         if held as u64 >= self.max_held {
@@ -294,23 +357,41 @@ impl<'a> Writer<'a> {
             return Ok(InsertOutcome::Duplicate { seq: None });
         }
         let id = self.tx.last_insert_rowid();
-        let mut wait = self
-            .tx
-            .prepare_cached("INSERT INTO held_wait (missing, waiter) VALUES (?1, ?2)")?;
-        for m in &missing {
-            wait.execute(params![&m.0[..], id])?;
+        if let Some(batch) = &mut self.batch_held {
+            batch.insert(hash, id);
         }
-        drop(wait);
+        for (m, parent) in &missing {
+            match parent {
+                Some(parent) => self
+                    .tx
+                    .prepare_cached("INSERT INTO held_child (parent, waiter) VALUES (?1, ?2)")?
+                    .execute([parent, &id])?,
+                None => self
+                    .tx
+                    .prepare_cached("INSERT INTO held_wait (missing, waiter) VALUES (?1, ?2)")?
+                    .execute(params![&m.0[..], id])?,
+            };
+        }
         self.held = Some(held + 1);
-        Ok(InsertOutcome::Held { missing })
+        Ok(InsertOutcome::Held {
+            missing: missing.into_iter().map(|(m, _)| m).collect(),
+        })
     }
 
-    /// Writes a fact whose predecessors are all released; returns its sequence number.
-    fn insert_released(&mut self, fact: &Fact, preds: &[(&str, i64)]) -> Result<i64> {
+    /// Writes a fact whose predecessors are all released; returns its sequence number,
+    /// or `None` if it was released already (and nothing was written).
+    fn insert_released(&mut self, fact: &Fact, preds: &[(&str, i64)]) -> Result<Option<i64>> {
         let type_id = self.ctx.names.id(&self.tx, Kind::Type, fact.type_name())?;
-        self.tx
-            .prepare_cached("INSERT INTO fact (hash, type_id, bytes) VALUES (?1, ?2, ?3)")?
+        let added = self
+            .tx
+            .prepare_cached(
+                "INSERT INTO fact (hash, type_id, bytes) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (hash) DO NOTHING",
+            )?
             .execute(params![&fact.hash().0[..], type_id, fact.canonical_bytes()])?;
+        if added == 0 {
+            return Ok(None);
+        }
         let seq = self.tx.last_insert_rowid();
         for (role, pred) in preds {
             let role_id = self.ctx.names.id(&self.tx, Kind::Role, role)?;
@@ -321,19 +402,37 @@ impl<'a> Writer<'a> {
                 .execute(params![pred, role_id, seq])?;
         }
         self.queue_on_release(fact, seq, None)?;
-        Ok(seq)
+        Ok(Some(seq))
     }
 
     /// Releases every held fact that was waiting only for `first` or for facts this call
     /// releases, depth first; returns how many it released.
+    ///
+    /// The rows the cascade uses up (the waits of each released fact, the held rows
+    /// released, the counts of waiters still missing something) are removed or updated in
+    /// key order every [`Cleanup::BATCH`] entries and at the end, not one at a time: a
+    /// cascade reads each of them once, and writes in key order touch each page once.
     fn release_waiters(&mut self, first: FactHash, first_seq: i64) -> Result<u64> {
         if self.held_count()? == 0 {
             return Ok(0);
         }
         let mut released = 0;
-        let mut stack = vec![(first, first_seq)];
-        while let Some((arrived, arrived_seq)) = stack.pop() {
-            for waiter in self.take_waiters(&arrived)? {
+        let mut cleanup = Cleanup::default();
+        // Each released fact with its seq and, if it was held, its former `held` row id.
+        let mut stack = vec![(first, first_seq, None)];
+        while let Some((arrived, arrived_seq, held_id)) = stack.pop() {
+            let mut waiters = self.waiters(&arrived)?;
+            if !waiters.is_empty() {
+                cleanup.waits.push(arrived);
+            }
+            if let Some(parent) = held_id {
+                let children = self.children(parent)?;
+                if !children.is_empty() {
+                    cleanup.children.push(parent);
+                    waiters.extend(children);
+                }
+            }
+            for waiter in waiters {
                 let (hash, missing, bytes): (Vec<u8>, i64, Vec<u8>) = self
                     .tx
                     .prepare_cached("SELECT hash, missing, bytes FROM held WHERE id = ?1")?
@@ -343,52 +442,87 @@ impl<'a> Writer<'a> {
                         hash: arrived,
                         reason: format!("held_wait names held row {waiter}, which is absent"),
                     })?;
-                if missing > 1 {
-                    self.tx
-                        .prepare_cached("UPDATE held SET missing = missing - 1 WHERE id = ?1")?
-                        .execute([waiter])?;
-                } else {
-                    let hash = FactHash::from_slice(&hash).ok_or_else(|| Error::Corrupt {
-                        hash: arrived,
-                        reason: format!("held row {waiter} has a hash that is not 32 bytes"),
-                    })?;
-                    let seq = self.release_held(waiter, &hash, &bytes, (arrived, arrived_seq))?;
-                    released += 1;
-                    stack.push((hash, seq));
+                let arrivals = cleanup.arrivals.entry(waiter).or_insert(0);
+                *arrivals += 1;
+                if missing > *arrivals {
+                    continue;
                 }
+                cleanup.arrivals.remove(&waiter);
+                cleanup.rows.push(waiter);
+                let hash = FactHash::from_slice(&hash).ok_or_else(|| Error::Corrupt {
+                    hash: arrived,
+                    reason: format!("held row {waiter} has a hash that is not 32 bytes"),
+                })?;
+                let seq = self.release_held(&hash, &bytes, (arrived, arrived_seq))?;
+                released += 1;
+                stack.push((hash, seq, Some(waiter)));
+            }
+            if cleanup.len() >= Cleanup::BATCH {
+                self.apply_cleanup(&mut cleanup)?;
             }
         }
+        self.apply_cleanup(&mut cleanup)?;
         Ok(released)
     }
 
-    /// Removes and returns the held rows (ids) recorded as waiting for `arrived`.
-    fn take_waiters(&mut self, arrived: &FactHash) -> Result<Vec<i64>> {
-        let waiters = self
+    /// The held rows (ids) recorded as waiting for `arrived`.
+    fn waiters(&mut self, arrived: &FactHash) -> Result<Vec<i64>> {
+        Ok(self
             .tx
             .prepare_cached("SELECT waiter FROM held_wait WHERE missing = ?1")?
             .query_map([&arrived.0[..]], |r| r.get(0))?
-            .collect::<rusqlite::Result<Vec<i64>>>()?;
-        if !waiters.is_empty() {
-            self.tx
-                .prepare_cached("DELETE FROM held_wait WHERE missing = ?1")?
-                .execute([&arrived.0[..]])?;
+            .collect::<rusqlite::Result<Vec<i64>>>()?)
+    }
+
+    /// The held rows (ids) recorded as waiting for the held row `parent`.
+    fn children(&mut self, parent: i64) -> Result<Vec<i64>> {
+        Ok(self
+            .tx
+            .prepare_cached("SELECT waiter FROM held_child WHERE parent = ?1")?
+            .query_map([parent], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<i64>>>()?)
+    }
+
+    /// Writes what a cascade deferred, in key order, and empties `cleanup`.
+    fn apply_cleanup(&mut self, cleanup: &mut Cleanup) -> Result<()> {
+        cleanup.waits.sort_unstable();
+        let mut delete = self
+            .tx
+            .prepare_cached("DELETE FROM held_wait WHERE missing = ?1")?;
+        for arrived in cleanup.waits.drain(..) {
+            delete.execute([&arrived.0[..]])?;
         }
-        Ok(waiters)
+        drop(delete);
+        cleanup.children.sort_unstable();
+        let mut delete = self
+            .tx
+            .prepare_cached("DELETE FROM held_child WHERE parent = ?1")?;
+        for parent in cleanup.children.drain(..) {
+            delete.execute([parent])?;
+        }
+        drop(delete);
+        cleanup.rows.sort_unstable();
+        let mut delete = self.tx.prepare_cached("DELETE FROM held WHERE id = ?1")?;
+        for id in cleanup.rows.drain(..) {
+            delete.execute([id])?;
+        }
+        drop(delete);
+        let mut arrivals: Vec<(i64, i64)> = cleanup.arrivals.drain().collect();
+        arrivals.sort_unstable();
+        let mut update = self
+            .tx
+            .prepare_cached("UPDATE held SET missing = missing - ?2 WHERE id = ?1")?;
+        for (id, n) in arrivals {
+            update.execute([id, n])?;
+        }
+        Ok(())
     }
 
     /// Moves a held fact whose ancestors are now all released into the fact table.
     /// `arrived` is the fact whose release completed this one's ancestry, with its
     /// sequence number, so that predecessor is not looked up again.
-    fn release_held(
-        &mut self,
-        id: i64,
-        hash: &FactHash,
-        bytes: &[u8],
-        arrived: (FactHash, i64),
-    ) -> Result<i64> {
-        self.tx
-            .prepare_cached("DELETE FROM held WHERE id = ?1")?
-            .execute([id])?;
+    /// The caller removes its held row.
+    fn release_held(&mut self, hash: &FactHash, bytes: &[u8], arrived: (FactHash, i64)) -> Result<i64> {
         let fact =
             crate::encoding::decode_fact(bytes, Some(*hash)).map_err(|e| Error::Corrupt {
                 hash: *hash,
@@ -408,9 +542,19 @@ impl<'a> Writer<'a> {
                 preds.push((role.as_str(), seq));
             }
         }
-        let seq = self.insert_released(&fact, &preds)?;
         self.held = Some(self.held_count()? - 1);
-        Ok(seq)
+        if let Some(batch) = &mut self.batch_held {
+            batch.remove(hash);
+        }
+        match self.insert_released(&fact, &preds)? {
+            Some(seq) => Ok(seq),
+            // A held row for a fact that is released already is stale: it is gone now,
+            // and the fact's waiters follow it as they would have.
+            None => self.released_seq(hash)?.ok_or_else(|| Error::Corrupt {
+                hash: *hash,
+                reason: "neither inserted nor found released".into(),
+            }),
+        }
     }
 
     /// Resolves a hash prefix against released and held facts.
