@@ -234,6 +234,69 @@ fn reads_follow_edges_by_role_and_type() {
     );
 }
 
+/// A cascade longer than the rows a release writes back at once (65,536), through facts
+/// that wait for two parents, so that counts of arrivals are written back while their
+/// waiters still wait: every fact is released exactly once, in topological order.
+#[test]
+fn a_long_cascade_with_fan_in_releases_everything_once() {
+    let n = 80_000;
+    let mut facts: Vec<Fact> = Vec::with_capacity(n);
+    for i in 0..n {
+        let preds: Vec<FactHash> = match i {
+            0 => vec![],
+            1 => vec![facts[0].hash()],
+            _ => vec![facts[i - 1].hash(), facts[i - 2].hash()],
+        };
+        facts.push(fact("Braid", i as i64, &preds));
+    }
+    let mut s = Store::open_in_memory().unwrap();
+    // Children first, in batches: each batch is held behind itself and the next one.
+    let mut held = 0;
+    for batch in facts[1..].chunks(7_000).rev() {
+        held += s.insert_batch(batch.to_vec()).unwrap().held;
+    }
+    assert_eq!(held, n as u64 - 1);
+    assert_eq!(s.stats().unwrap().held, n as u64 - 1);
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+    let r = s.insert_batch(vec![facts[0].clone()]).unwrap();
+    assert_eq!((r.inserted, r.released), (1, n as u64));
+    assert_eq!(s.stats().unwrap().held, 0);
+    assert_eq!(s.stats().unwrap().released, n as u64);
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+    assert_topological(&s);
+}
+
+/// A database written by schema version 3 (held facts waiting in `held_wait` only) opens
+/// at the current version and its held facts release as before.
+#[test]
+fn held_facts_of_a_version_3_database_release_after_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v3.db");
+    let facts = chain(5);
+    {
+        let mut s = Store::open(&path).unwrap();
+        s.insert_batch(facts[1..].to_vec()).unwrap();
+        assert_eq!(s.stats().unwrap().held, 4);
+    }
+    {
+        // Undo version 4: move its waits back into held_wait, as version 3 wrote them.
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "INSERT INTO held_wait (missing, waiter)
+               SELECT h.hash, c.waiter FROM held_child c JOIN held h ON h.id = c.parent;
+             DROP TABLE held_child;
+             PRAGMA user_version = 3;",
+        )
+        .unwrap();
+    }
+    let mut s = Store::open(&path).unwrap();
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+    assert_eq!(s.insert(&facts[0]).unwrap().released(), 5);
+    assert_eq!(s.stats().unwrap().held, 0);
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+    assert_topological(&s);
+}
+
 #[test]
 fn ancestors_of_a_chain_of_100_000_facts() {
     let mut s = Store::open_in_memory().unwrap();

@@ -329,7 +329,11 @@ impl<'a> Writer<'a> {
     /// Holds `fact`, waiting for the predecessors in `missing` (each with its `held` row
     /// id when it is known to be held: those waits go to `held_child`, keyed by that id,
     /// and the others to `held_wait`, keyed by hash).
-    fn hold(&mut self, fact: &Fact, missing: Vec<(FactHash, Option<i64>)>) -> Result<InsertOutcome> {
+    fn hold(
+        &mut self,
+        fact: &Fact,
+        missing: Vec<(FactHash, Option<i64>)>,
+    ) -> Result<InsertOutcome> {
         let hash = fact.hash();
         let held = self.held_count()?;
         if held as u64 >= self.max_held {
@@ -522,7 +526,12 @@ impl<'a> Writer<'a> {
     /// `arrived` is the fact whose release completed this one's ancestry, with its
     /// sequence number, so that predecessor is not looked up again.
     /// The caller removes its held row.
-    fn release_held(&mut self, hash: &FactHash, bytes: &[u8], arrived: (FactHash, i64)) -> Result<i64> {
+    fn release_held(
+        &mut self,
+        hash: &FactHash,
+        bytes: &[u8],
+        arrived: (FactHash, i64),
+    ) -> Result<i64> {
         let fact =
             crate::encoding::decode_fact(bytes, Some(*hash)).map_err(|e| Error::Corrupt {
                 hash: *hash,
