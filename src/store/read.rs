@@ -83,7 +83,8 @@ pub(crate) fn resolve_prefix(conn: &Connection, prefix: &HashPrefix) -> Result<F
     if let Some(h) = prefix.full() {
         let known = conn
             .prepare_cached(
-                "SELECT 1 FROM fact WHERE hash = ?1 UNION ALL SELECT 1 FROM held WHERE hash = ?1",
+                "SELECT 1 FROM fact WHERE hash = ?1
+                 UNION ALL SELECT 1 FROM held WHERE substr(hash, 1, 8) = substr(?1, 1, 8) AND hash = ?1",
             )?
             .exists([&h.0[..]])?;
         return if known {
@@ -97,7 +98,9 @@ pub(crate) fn resolve_prefix(conn: &Connection, prefix: &HashPrefix) -> Result<F
     let mut found = Vec::new();
     for sql in [
         "SELECT hash FROM fact WHERE hash BETWEEN ?1 AND ?2 LIMIT 11",
-        "SELECT hash FROM held WHERE hash BETWEEN ?1 AND ?2 LIMIT 11",
+        "SELECT hash FROM held
+         WHERE substr(hash, 1, 8) BETWEEN substr(?1, 1, 8) AND substr(?2, 1, 8)
+           AND hash BETWEEN ?1 AND ?2 LIMIT 11",
     ] {
         let mut stmt = conn.prepare_cached(sql)?;
         let rows = stmt.query_map(params![&prefix.lowest()[..], &prefix.highest()[..]], |r| {
@@ -169,7 +172,7 @@ impl Store {
             .conn
             .prepare_cached(
                 "SELECT bytes, seq FROM fact WHERE hash = ?1
-                 UNION ALL SELECT bytes, NULL FROM held WHERE hash = ?1 LIMIT 1",
+                 UNION ALL SELECT bytes, NULL FROM held WHERE substr(hash, 1, 8) = substr(?1, 1, 8) AND hash = ?1 LIMIT 1",
             )?
             .query_row([&hash.0[..]], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?;

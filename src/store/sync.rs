@@ -219,9 +219,9 @@ impl Store {
         let mut by_seq = self
             .conn
             .prepare_cached("SELECT seq, bytes FROM fact WHERE hash = ?1")?;
-        let mut in_held = self
-            .conn
-            .prepare_cached("SELECT bytes FROM held WHERE hash = ?1")?;
+        let mut in_held = self.conn.prepare_cached(
+            "SELECT bytes FROM held WHERE substr(hash, 1, 8) = substr(?1, 1, 8) AND hash = ?1",
+        )?;
         for h in hashes {
             let row: Option<(i64, Vec<u8>)> = by_seq
                 .query_row([&h.0[..]], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -369,7 +369,8 @@ impl Store {
 fn absent_ancestors(conn: &Connection, limit: usize) -> Result<Vec<FactHash>> {
     let mut stmt = conn.prepare_cached(
         "SELECT DISTINCT w.missing FROM held_wait w
-         WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.hash = w.missing)
+         WHERE NOT EXISTS (SELECT 1 FROM held h
+           WHERE substr(h.hash, 1, 8) = substr(w.missing, 1, 8) AND h.hash = w.missing)
            AND NOT EXISTS (SELECT 1 FROM fact f WHERE f.hash = w.missing)
          LIMIT ?1",
     )?;
@@ -500,7 +501,9 @@ impl Writer<'_> {
     /// [`Error::Sqlite`].
     pub fn note_held_origin(&mut self, peer: &str, hashes: &[FactHash]) -> Result<u64> {
         let conn = self.connection();
-        let mut is_held = conn.prepare_cached("SELECT 1 FROM held WHERE hash = ?1")?;
+        let mut is_held = conn.prepare_cached(
+            "SELECT 1 FROM held WHERE substr(hash, 1, 8) = substr(?1, 1, 8) AND hash = ?1",
+        )?;
         let mut note = conn.prepare_cached(
             "INSERT OR IGNORE INTO sync_held_origin (hash, peer) VALUES (?1, ?2)",
         )?;
@@ -511,7 +514,9 @@ impl Writer<'_> {
         }
         conn.prepare_cached(
             "DELETE FROM sync_held_origin WHERE peer = ?1
-               AND NOT EXISTS (SELECT 1 FROM held h WHERE h.hash = sync_held_origin.hash)",
+               AND NOT EXISTS (SELECT 1 FROM held h
+                 WHERE substr(h.hash, 1, 8) = substr(sync_held_origin.hash, 1, 8)
+                   AND h.hash = sync_held_origin.hash)",
         )?
         .execute([peer])?;
         Ok(conn

@@ -188,7 +188,7 @@ impl Store {
             .prepare("SELECT 1 FROM held_wait WHERE missing = ?1 AND waiter = ?2")?;
         let mut child_waits = self.conn.prepare(
             "SELECT 1 FROM held_child c JOIN held h ON h.id = c.parent
-             WHERE h.hash = ?1 AND c.waiter = ?2",
+             WHERE substr(h.hash, 1, 8) = substr(?1, 1, 8) AND h.hash = ?1 AND c.waiter = ?2",
         )?;
         let mut wait_rows: i64 = 0;
         let mut rows = stmt.query([])?;
@@ -252,6 +252,14 @@ impl Store {
                 None,
                 format!("held counter says {counter}, table has {}", report.held),
             );
+        }
+        let twice: i64 = self.conn.query_row(
+            "SELECT count(*) FROM (SELECT 1 FROM held GROUP BY hash HAVING count(*) > 1)",
+            [],
+            |r| r.get(0),
+        )?;
+        if twice > 0 {
+            report.problem(None, format!("{twice} hashes are held more than once"));
         }
         let (by_hash, orphans_by_hash): (i64, i64) = self.conn.query_row(
             "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.id = w.waiter))

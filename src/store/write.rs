@@ -322,7 +322,9 @@ impl<'a> Writer<'a> {
     fn is_held(&self, hash: &FactHash) -> Result<bool> {
         Ok(self
             .tx
-            .prepare_cached("SELECT 1 FROM held WHERE hash = ?1")?
+            .prepare_cached(
+                "SELECT 1 FROM held WHERE substr(hash, 1, 8) = substr(?1, 1, 8) AND hash = ?1",
+            )?
             .exists([&hash.0[..]])?)
     }
 
@@ -335,21 +337,20 @@ impl<'a> Writer<'a> {
         missing: Vec<(FactHash, Option<i64>)>,
     ) -> Result<InsertOutcome> {
         let hash = fact.hash();
+        // Held hashes are unique by this check: the index on their first 8 bytes is not.
+        if self.is_held(&hash)? {
+            return Ok(InsertOutcome::Duplicate { seq: None });
+        }
         let held = self.held_count()?;
         if held as u64 >= self.max_held {
-            if self.is_held(&hash)? {
-                return Ok(InsertOutcome::Duplicate { seq: None });
-            }
             return Err(Error::HeldLimit {
                 limit: self.max_held,
                 hash,
             });
         }
-        let added = self
-            .tx
+        self.tx
             .prepare_cached(
-                "INSERT INTO held (hash, bytes, missing, held_at) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (hash) DO NOTHING",
+                "INSERT INTO held (hash, bytes, missing, held_at) VALUES (?1, ?2, ?3, ?4)",
             )?
             .execute(params![
                 &hash.0[..],
@@ -357,9 +358,6 @@ impl<'a> Writer<'a> {
                 missing.len() as i64,
                 self.clock.now_ms()
             ])?;
-        if added == 0 {
-            return Ok(InsertOutcome::Duplicate { seq: None });
-        }
         let id = self.tx.last_insert_rowid();
         if let Some(batch) = &mut self.batch_held {
             batch.insert(hash, id);
