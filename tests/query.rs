@@ -144,6 +144,48 @@ fn every_documented_example_searches_indexes_and_never_scans() {
     }
 }
 
+/// The plan of a query over the documented data.
+fn plan_of(text: &str) -> Vec<String> {
+    let (store, givens) = documented_store();
+    let q = Query::parse(text).unwrap();
+    store.explain(&q, &givens_for(&q, &givens)).unwrap()
+}
+
+#[test]
+fn a_step_through_a_role_checks_the_type_in_the_edge() {
+    // Toward successors: the shop's orders, then each order's shipments, are ranges of the
+    // edge primary key that include the successor's type; no fact is looked up for its
+    // type, and only results are read from `fact` (by seq).
+    let plan = plan_of(
+        "given s: Shop
+         match o: Shop.Order where o->shop = s
+           and not exists (match sh: Shop.Shipment where sh->order = o)
+         select o.id",
+    );
+    let typed = "USING PRIMARY KEY (predecessor=? AND role_id=? AND successor_type=?)";
+    assert_eq!(
+        plan.iter().filter(|s| s.contains(typed)).count(),
+        2,
+        "{plan:#?}"
+    );
+    assert!(
+        !plan.iter().any(|s| s.contains("fact_by_type")),
+        "{plan:#?}"
+    );
+    // Toward predecessors: `edge_by_successor` includes the predecessor's type.
+    let plan = plan_of(
+        "match o: Shop.Order
+         match p: Shop where o->shop = p
+         select p",
+    );
+    assert!(
+        plan.iter()
+            .any(|s| s
+                .contains("edge_by_successor (successor=? AND role_id=? AND predecessor_type=?)")),
+        "{plan:#?}"
+    );
+}
+
 #[test]
 fn every_statement_a_watch_runs_searches_indexes() {
     let (store, givens) = documented_store();
