@@ -195,10 +195,10 @@ impl Compiler {
         let (down, up) = (!new.is_empty(), new.is_empty() && !known.1.is_empty());
         let meet = self.walk_up(known.0.to_string(), known.1, up.then_some(&ty), from, wh);
         let end = self.walk_down(meet, new, down.then_some(&ty), from, wh);
-        let f = self.alias("f");
         if !down && !up {
             // No edge between them (`o = p`): the type is checked in `fact_by_type (type_id,
             // seq)`, whose pages stay cached; SQLite reads the row only if a column needs it.
+            let f = self.alias("f");
             from.push(format!("fact {f} INDEXED BY fact_by_type"));
             wh.push(format!("{f}.seq = {end} AND {f}.type_id = {ty}"));
             return Known::row(f);
@@ -211,6 +211,7 @@ impl Compiler {
         }
         // Conditions that read only the edges are evaluated before this join, so only the
         // facts that pass them are looked up.
+        let f = self.alias("f");
         from.push(format!("fact {f}"));
         wh.push(format!("{f}.seq = {end}"));
         Known {
