@@ -315,7 +315,7 @@ impl<'a> Writer<'a> {
         for (role, pred) in preds {
             let role_id = self.ctx.names.id(&self.tx, Kind::Role, role)?;
             // The edge carries both facts' types; the predecessor's is read from its row.
-            // (One `INSERT ... SELECT ... FROM fact` instead cost about 10% more CPU per
+            // (One `INSERT ... SELECT ... FROM fact` instead cost 10 to 20% more CPU per
             // in-order insert in `benches/ingest.rs`.)
             let pred_type: i64 = self
                 .tx
