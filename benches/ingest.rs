@@ -544,6 +544,9 @@ impl Floor {
         conn.set_prepared_statement_cache_capacity(64);
         conn.execute_batch(include_str!("../schema/001_initial.sql"))
             .expect("schema");
+        // The same edge table and index as the store's: both facts' types in each edge.
+        conn.execute_batch(include_str!("../schema/005_edge_types.sql"))
+            .expect("edge schema");
         Floor {
             conn,
             types: HashMap::new(),
@@ -552,7 +555,7 @@ impl Floor {
     }
 
     /// Inserts facts whose predecessors are all stored, in one transaction: per fact, one
-    /// lookup of each predecessor's seq by hash, the fact row and its edge rows.
+    /// lookup of each predecessor's seq and type by hash, the fact row and its edge rows.
     fn insert_chunk(&mut self, facts: &[Fact]) {
         let Floor { conn, types, roles } = self;
         let tx = conn
@@ -560,35 +563,38 @@ impl Floor {
             .unwrap();
         {
             let mut lookup = tx
-                .prepare_cached("SELECT seq FROM fact WHERE hash = ?1")
+                .prepare_cached("SELECT seq, type_id FROM fact WHERE hash = ?1")
                 .unwrap();
             let mut insert_fact = tx
                 .prepare_cached("INSERT INTO fact (hash, type_id, bytes) VALUES (?1, ?2, ?3)")
                 .unwrap();
             let mut insert_edge = tx
                 .prepare_cached(
-                    "INSERT INTO edge (predecessor, role_id, successor) VALUES (?1, ?2, ?3)",
+                    "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
                 .unwrap();
-            let mut preds: Vec<(i64, i64)> = Vec::with_capacity(4);
+            let mut preds: Vec<(i64, i64, i64)> = Vec::with_capacity(4);
             for fact in facts {
                 let type_id = name_id(&tx, types, "fact_type", fact.type_name());
                 preds.clear();
                 for (role, set) in fact.predecessors() {
                     let role_id = name_id(&tx, roles, "role", role);
                     for hash in set {
-                        let seq: i64 = lookup
-                            .query_row([&hash.0[..]], |r| r.get(0))
+                        let (seq, pred_type): (i64, i64) = lookup
+                            .query_row([&hash.0[..]], |r| Ok((r.get(0)?, r.get(1)?)))
                             .expect("predecessor stored");
-                        preds.push((role_id, seq));
+                        preds.push((role_id, seq, pred_type));
                     }
                 }
                 insert_fact
                     .execute(params![&fact.hash().0[..], type_id, fact.canonical_bytes()])
                     .unwrap();
                 let seq = tx.last_insert_rowid();
-                for &(role_id, pred) in &preds {
-                    insert_edge.execute(params![pred, role_id, seq]).unwrap();
+                for &(role_id, pred, pred_type) in &preds {
+                    insert_edge
+                        .execute(params![pred, role_id, type_id, seq, pred_type])
+                        .unwrap();
                 }
             }
         }

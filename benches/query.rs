@@ -111,24 +111,23 @@ select hash(o)";
 
 /// The floor: the same questions asked by hand.
 /// `CROSS JOIN` fixes the join order a person would choose: shop by hash, its order
-/// edges, each order (left to itself, SQLite may start from the orders by type). The
-/// floor gets the same index choice as the compiled SQL: types checked in
-/// `fact_by_type`, rows read only for results.
+/// edges, each order (left to itself, SQLite may start from the orders by type). Each
+/// edge carries its facts' types, so the orders of the shop and the shipments of an order
+/// are each one range of the edge primary key, and the shipment test reads the order's
+/// seq from its edge: an order's row is read only when it is a result.
 const FLOOR_ONE: &str = "SELECT o.hash FROM fact s
-  CROSS JOIN edge e CROSS JOIN fact o INDEXED BY fact_by_type
-  WHERE s.hash = ?1 AND e.predecessor = s.seq AND e.role_id = ?2
-    AND o.seq = e.successor AND o.type_id = ?3
+  CROSS JOIN edge e CROSS JOIN fact o
+  WHERE s.hash = ?1 AND e.predecessor = s.seq AND e.role_id = ?2 AND e.successor_type = ?3
+    AND o.seq = e.successor
     AND NOT EXISTS (
-      SELECT 1 FROM edge e2 CROSS JOIN fact sh INDEXED BY fact_by_type
-      WHERE e2.predecessor = o.seq AND e2.role_id = ?4
-        AND sh.seq = e2.successor AND sh.type_id = ?5)
+      SELECT 1 FROM edge e2
+      WHERE e2.predecessor = e.successor AND e2.role_id = ?4 AND e2.successor_type = ?5)
   ORDER BY o.seq";
 
 const FLOOR_ALL: &str = "SELECT o.hash FROM fact o
   WHERE o.type_id = ?1 AND NOT EXISTS (
-    SELECT 1 FROM edge e2 CROSS JOIN fact sh INDEXED BY fact_by_type
-    WHERE e2.predecessor = o.seq AND e2.role_id = ?2
-      AND sh.seq = e2.successor AND sh.type_id = ?3)
+    SELECT 1 FROM edge e2
+    WHERE e2.predecessor = o.seq AND e2.role_id = ?2 AND e2.successor_type = ?3)
   ORDER BY o.seq";
 
 fn id(conn: &Connection, table: &str, name: &str) -> i64 {

@@ -41,6 +41,7 @@ const SCHEMA: &[&str] = &[
     include_str!("../schema/001_initial.sql"),
     include_str!("../schema/002_queues.sql"),
     include_str!("../schema/003_sync.sql"),
+    include_str!("../schema/005_edge_types.sql"),
 ];
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -246,7 +247,10 @@ fn floor_setup(path: &Path, n: u64) {
             .prepare("INSERT INTO fact (hash, type_id, bytes) VALUES (?1, 2, ?2)")
             .unwrap();
         let mut edge = tx
-            .prepare("INSERT INTO edge (predecessor, role_id, successor) VALUES (1, 1, ?1)")
+            .prepare(
+                "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
+                 VALUES (1, 1, 2, ?1, 1)",
+            )
             .unwrap();
         let mut item = tx
             .prepare(
@@ -315,7 +319,10 @@ fn floor_complete(conn: &mut Connection, claimed: &[(i64, [u8; 32])]) {
             .prepare_cached("INSERT INTO fact (hash, type_id, bytes) VALUES (?1, 3, ?2)")
             .unwrap();
         let mut edge = tx
-            .prepare_cached("INSERT INTO edge (predecessor, role_id, successor) VALUES (?1, 2, ?2)")
+            .prepare_cached(
+                "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
+                 VALUES (?1, 2, 3, ?2, 2)",
+            )
             .unwrap();
         let mut delete = tx
             .prepare_cached("DELETE FROM queue_item WHERE queue_id = 1 AND input = ?1")

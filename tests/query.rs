@@ -144,6 +144,146 @@ fn every_documented_example_searches_indexes_and_never_scans() {
     }
 }
 
+/// The plan of a query over the documented data.
+fn plan_of(text: &str) -> Vec<String> {
+    let (store, givens) = documented_store();
+    let q = Query::parse(text).unwrap();
+    store.explain(&q, &givens_for(&q, &givens)).unwrap()
+}
+
+#[test]
+fn a_step_through_a_role_checks_the_type_in_the_edge() {
+    // Toward successors: the shop's orders, then each order's shipments, are ranges of the
+    // edge primary key that include the successor's type; no fact is looked up for its
+    // type, and only results are read from `fact` (by seq).
+    let plan = plan_of(
+        "given s: Shop
+         match o: Shop.Order where o->shop = s
+           and not exists (match sh: Shop.Shipment where sh->order = o)
+         select o.id",
+    );
+    let typed = "USING PRIMARY KEY (predecessor=? AND role_id=? AND successor_type=?)";
+    assert_eq!(
+        plan.iter().filter(|s| s.contains(typed)).count(),
+        2,
+        "{plan:#?}"
+    );
+    assert!(
+        !plan.iter().any(|s| s.contains("fact_by_type")),
+        "{plan:#?}"
+    );
+    // Toward predecessors: `edge_by_successor` includes the predecessor's type.
+    let plan = plan_of(
+        "match o: Shop.Order
+         match p: Shop where o->shop = p
+         select p",
+    );
+    assert!(
+        plan.iter()
+            .any(|s| s
+                .contains("edge_by_successor (successor=? AND role_id=? AND predecessor_type=?)")),
+        "{plan:#?}"
+    );
+}
+
+/// Facts of several types name the same facts through the same roles, so a match's type
+/// must be told apart in every step (in the documented data each role leads to one type).
+#[test]
+fn facts_of_several_types_through_one_role_are_told_apart() {
+    let mut store = Store::open_in_memory().unwrap();
+    let shop = Fact::builder("Shop")
+        .field("name", "corner")
+        .build()
+        .unwrap();
+    let made = |ty: &str, id: i64, role: &str, to: &Fact| {
+        Fact::builder(ty)
+            .field("id", id)
+            .predecessor(role, to.hash())
+            .build()
+            .unwrap()
+    };
+    // Orders and reviews both name the shop as `shop`; shipments and cancellations both
+    // name an order as `order`; notes name a shop or an order as `about`.
+    let (o1, o2, o3) = (
+        made("Order", 1, "shop", &shop),
+        made("Order", 2, "shop", &shop),
+        made("Order", 3, "shop", &shop),
+    );
+    let review = made("Review", 10, "shop", &shop);
+    let shipped = made("Shipment", 20, "order", &o1);
+    let cancelled = made("Cancellation", 30, "order", &o2);
+    let (on_shop, on_order) = (
+        made("Note", 40, "about", &shop),
+        made("Note", 41, "about", &o3),
+    );
+    store
+        .insert_batch(vec![
+            shop.clone(),
+            o1,
+            o2,
+            o3,
+            review,
+            shipped,
+            cancelled,
+            on_shop,
+            on_order,
+        ])
+        .unwrap();
+    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let run = |text: &str| -> Vec<String> {
+        let q = Query::parse(text).unwrap_or_else(|e| panic!("{text}\n{e}"));
+        let g = givens_for(&q, &givens);
+        let plan = store.explain(&q, &g).unwrap();
+        assert!(!plan.iter().any(|s| s.starts_with("SCAN")), "{plan:#?}");
+        store
+            .query(&q, &g)
+            .unwrap()
+            .iter()
+            .map(|r| r.value.to_json().to_string())
+            .collect()
+    };
+    let ids = |v: &[i64]| v.iter().map(|i| i.to_string()).collect::<Vec<_>>();
+    // Toward successors, at the end of a one-step and a two-step path.
+    assert_eq!(
+        run("given s: Shop match o: Order where o->shop = s select o.id"),
+        ids(&[1, 2, 3])
+    );
+    assert_eq!(
+        run("given s: Shop match r: Review where r->shop = s select r.id"),
+        ids(&[10])
+    );
+    assert_eq!(
+        run("given s: Shop match x: Shipment where x->order->shop = s select x.id"),
+        ids(&[20])
+    );
+    // Inside `not exists`, where no fact row is read: a cancellation is not a shipment.
+    assert_eq!(
+        run("given s: Shop match o: Order where o->shop = s
+               and not exists (match x: Shipment where x->order = o) select o.id"),
+        ids(&[2, 3])
+    );
+    assert_eq!(
+        run("given s: Shop match o: Order where o->shop = s
+               and exists (match x: Cancellation where x->order = o) select o.id"),
+        ids(&[2])
+    );
+    // Toward predecessors: a note about an order is not about a shop.
+    assert_eq!(
+        run("match n: Note match p: Shop where n->about = p select n.id"),
+        ids(&[40])
+    );
+    assert_eq!(
+        run("match n: Note where exists (match p: Order where n->about = p) select n.id"),
+        ids(&[41])
+    );
+    // A join with no role on either side checks the type on the fact itself.
+    assert_eq!(
+        run("given s: Shop match p: Shop where p = s select p.name"),
+        vec!["\"corner\"".to_string()]
+    );
+    assert!(run("given s: Shop match p: Order where p = s select p.id").is_empty());
+}
+
 #[test]
 fn every_statement_a_watch_runs_searches_indexes() {
     let (store, givens) = documented_store();

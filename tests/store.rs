@@ -424,6 +424,170 @@ fn verify_finds_damaged_rows() {
     assert!(matches!(streamed, Err(Error::Corrupt { hash, .. }) if hash == facts[1].hash()));
 }
 
+#[test]
+fn verify_finds_an_edge_whose_types_are_not_its_facts_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let mut s = Store::open(&path).unwrap();
+    let shop = fact("Shop", 1, &[]);
+    let order = Fact::builder("Order")
+        .predecessor("shop", shop.hash())
+        .build()
+        .unwrap();
+    let ship = Fact::builder("Shipped")
+        .predecessor("order", order.hash())
+        .build()
+        .unwrap();
+    s.insert_batch(vec![shop.clone(), order.clone(), ship.clone()])
+        .unwrap();
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+    drop(s);
+    // The order's edge says its successor is a Shipped; the shipment's edge says its
+    // predecessor is a Shop. Both type ids exist, so only a comparison with the facts finds it.
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let id = |name: &str| -> i64 {
+        raw.query_row("SELECT id FROM fact_type WHERE name = ?1", [name], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    };
+    let (shop_t, order_t, ship_t) = (id("Shop"), id("Order"), id("Shipped"));
+    let changed = raw
+        .execute(
+            "UPDATE edge SET successor_type = ?1 WHERE successor_type = ?2",
+            [ship_t, order_t],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    let changed = raw
+        .execute(
+            "UPDATE edge SET predecessor_type = ?1 WHERE predecessor_type = ?2",
+            [shop_t, order_t],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(raw);
+    let s = Store::open(&path).unwrap();
+    let text: Vec<String> = s
+        .verify(|_| {})
+        .unwrap()
+        .problems
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    assert_eq!(text.len(), 2, "{text:?}");
+    let names = |f: &Fact, t: String| {
+        text.iter()
+            .any(|p| p.contains(&f.hash().to_string()) && p.contains(&t))
+    };
+    assert!(
+        names(&order, format!("gives types {shop_t} -> {ship_t}")),
+        "{text:?}"
+    );
+    assert!(
+        names(&ship, format!("gives types {shop_t} -> {ship_t}")),
+        "{text:?}"
+    );
+}
+
+#[test]
+fn a_version_3_database_gains_edge_types_when_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v3.db");
+    let shop = fact("Shop", 1, &[]);
+    let orders: Vec<Fact> = (0..3)
+        .map(|i| {
+            Fact::builder("Order")
+                .field("id", i)
+                .predecessor("shop", shop.hash())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let ship = Fact::builder("Shipped")
+        .predecessor("order", orders[1].hash())
+        .build()
+        .unwrap();
+    // The tables and rows as version 3 wrote them: edges without types.
+    {
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        for sql in [
+            include_str!("../schema/001_initial.sql"),
+            include_str!("../schema/002_queues.sql"),
+            include_str!("../schema/003_sync.sql"),
+        ] {
+            raw.execute_batch(sql).unwrap();
+        }
+        raw.pragma_update(None, "user_version", 3).unwrap();
+        raw.execute_batch(
+            "INSERT INTO fact_type (id, name) VALUES (1, 'Shop'), (2, 'Order'), (3, 'Shipped');
+             INSERT INTO role (id, name) VALUES (1, 'shop'), (2, 'order');",
+        )
+        .unwrap();
+        let mut all = vec![(&shop, 1)];
+        all.extend(orders.iter().map(|o| (o, 2)));
+        all.push((&ship, 3));
+        for (f, t) in all {
+            raw.execute(
+                "INSERT INTO fact (hash, type_id, bytes) VALUES (?1, ?2, ?3)",
+                rusqlite::params![&f.hash().0[..], t, f.canonical_bytes()],
+            )
+            .unwrap();
+        }
+        raw.execute_batch(
+            "INSERT INTO edge (predecessor, role_id, successor) VALUES
+                 (1, 1, 2), (1, 1, 3), (1, 1, 4), (3, 2, 5);",
+        )
+        .unwrap();
+    }
+    let mut s = Store::open(&path).unwrap();
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let edges: Vec<(i64, i64, i64, i64, i64)> = raw
+        .prepare(
+            "SELECT predecessor, role_id, successor_type, successor, predecessor_type
+             FROM edge ORDER BY successor",
+        )
+        .unwrap()
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(
+        edges,
+        vec![
+            (1, 1, 2, 2, 1),
+            (1, 1, 2, 3, 1),
+            (1, 1, 2, 4, 1),
+            (3, 2, 3, 5, 2)
+        ]
+    );
+    let hashes = |v: Vec<Fact>| v.iter().map(Fact::hash).collect::<Vec<_>>();
+    assert_eq!(
+        hashes(
+            s.successors(&shop.hash(), Some("shop"), Some("Order"))
+                .unwrap()
+        ),
+        orders.iter().map(Fact::hash).collect::<Vec<_>>()
+    );
+    // A migrated store keeps writing typed edges.
+    let late = Fact::builder("Shipped")
+        .predecessor("order", orders[2].hash())
+        .build()
+        .unwrap();
+    s.insert(&late).unwrap();
+    assert_eq!(
+        hashes(
+            s.successors(&orders[2].hash(), Some("order"), Some("Shipped"))
+                .unwrap()
+        ),
+        vec![late.hash()]
+    );
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+}
+
 /// A random DAG: fact i names up to three of the facts before it.
 fn dag_strategy() -> impl Strategy<Value = Vec<Vec<usize>>> {
     (1usize..60).prop_flat_map(|n| {

@@ -1,20 +1,23 @@
 //! Compiles a query to one SQL statement over `fact` and `edge`, with every value bound
 //! as a parameter.
 //!
-//! Each fact label becomes an alias of `fact`. Facts are joined in an order the compiler
-//! chooses and SQLite keeps (`CROSS JOIN`): bound facts first (givens by hash through the
-//! unique index, pinned facts by `seq`), then each match reached from a known fact
-//! through its join. A step toward a predecessor reads `edge_by_successor (successor,
-//! role_id, predecessor)`; a step toward a successor reads the edge primary key
-//! `(predecessor, role_id, successor)`; the fact at the end is read by `seq`. Only a match
-//! joined to nothing (a query without givens) scans, and then through `fact_by_type`.
-//! So the cost follows the facts a query touches, not the size of the store.
+//! Facts are joined in an order the compiler chooses and SQLite keeps (`CROSS JOIN`):
+//! bound facts first (givens by hash through the unique index, pinned facts by `seq`),
+//! then each match reached from a known fact through its join. Every edge carries the
+//! types of both its facts, so the step that reaches a match also checks its type, in the
+//! same index range: toward a successor the edge primary key `(predecessor, role_id,
+//! successor_type, successor)`, toward a predecessor `edge_by_successor (successor,
+//! role_id, predecessor_type, predecessor)`. A match is then known by the `seq` column of
+//! that edge; its `fact` row is joined (by `seq`) only when the statement reads its hash
+//! or bytes: a result, a field predicate, an ordering by field. Only a match joined to
+//! nothing (a query without givens) scans, and then through `fact_by_type`. So the cost
+//! follows the facts a query touches, not the size of the store.
 //!
 //! Field predicates call `pq_test(bytes, field, op, values)` and field ordering
 //! `pq_field(bytes, field)` (see [`super::functions`]); `exists` becomes a correlated
 //! `EXISTS (SELECT 1 ...)`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::QueryError;
 use super::model::*;
@@ -68,6 +71,50 @@ pub(crate) struct Plan {
 struct Compiler {
     params: Vec<Param>,
     aliases: usize,
+    /// Labels whose `fact` row the statement reads (hash or bytes).
+    rows: HashSet<String>,
+}
+
+/// A label known in a block: the SQL expression of its `seq`, and the alias of its `fact`
+/// row when that row is joined.
+#[derive(Clone, Debug)]
+struct Known {
+    seq: String,
+    fact: Option<String>,
+}
+
+impl Known {
+    fn row(f: String) -> Known {
+        Known {
+            seq: format!("{f}.seq"),
+            fact: Some(f),
+        }
+    }
+
+    /// The alias of the label's `fact` row: joined for every label in
+    /// [`Compiler::rows`], which holds every label whose hash or bytes are read.
+    fn fact(&self) -> &str {
+        self.fact
+            .as_deref()
+            .expect("the fact row of a label read is joined (Compiler::rows)")
+    }
+}
+
+/// Adds to `out` the labels whose fact bytes `conds` read (field predicates, at any depth).
+fn labels_with_fields(conds: &[&Condition], out: &mut HashSet<String>) {
+    for c in conds {
+        match c {
+            Condition::Field { label, .. } => {
+                out.insert(label.name.clone());
+            }
+            Condition::Exists { matches, .. } => {
+                let inner: Vec<&Condition> =
+                    matches.iter().flat_map(|m| m.conditions.iter()).collect();
+                labels_with_fields(&inner, out);
+            }
+            Condition::Join { .. } => {}
+        }
+    }
 }
 
 impl Compiler {
@@ -82,52 +129,105 @@ impl Compiler {
     }
 
     /// Walks from the fact whose seq is `start` up through `roles` to a predecessor;
-    /// returns the expression of the seq reached.
+    /// returns the expression of the seq reached. With `last_type`, the last edge keeps
+    /// only predecessors of that type (`edge_by_successor` holds the predecessor's type).
     fn walk_up(
         &mut self,
         start: String,
         roles: &[String],
+        last_type: Option<&str>,
         from: &mut Vec<String>,
         wh: &mut Vec<String>,
     ) -> String {
         let mut cur = start;
-        for role in roles {
+        for (i, role) in roles.iter().enumerate() {
             let e = self.alias("e");
             let r = self.param(Param::Role(role.clone()));
             from.push(format!("edge {e}"));
-            wh.push(format!("{e}.successor = {cur} AND {e}.role_id = {r}"));
+            let mut term = format!("{e}.successor = {cur} AND {e}.role_id = {r}");
+            if let Some(t) = last_type.filter(|_| i + 1 == roles.len()) {
+                term.push_str(&format!(" AND {e}.predecessor_type = {t}"));
+            }
+            wh.push(term);
             cur = format!("{e}.predecessor");
         }
         cur
     }
 
-    /// Walks from `start` down to successors through `roles` taken last to first.
+    /// Walks from `start` down to successors through `roles` taken last to first. With
+    /// `last_type`, the last edge keeps only successors of that type (the edge primary
+    /// key holds the successor's type).
     fn walk_down(
         &mut self,
         start: String,
         roles: &[String],
+        last_type: Option<&str>,
         from: &mut Vec<String>,
         wh: &mut Vec<String>,
     ) -> String {
         let mut cur = start;
-        for role in roles.iter().rev() {
+        for (i, role) in roles.iter().rev().enumerate() {
             let e = self.alias("e");
             let r = self.param(Param::Role(role.clone()));
             from.push(format!("edge {e}"));
-            wh.push(format!("{e}.predecessor = {cur} AND {e}.role_id = {r}"));
+            let mut term = format!("{e}.predecessor = {cur} AND {e}.role_id = {r}");
+            if let Some(t) = last_type.filter(|_| i + 1 == roles.len()) {
+                term.push_str(&format!(" AND {e}.successor_type = {t}"));
+            }
+            wh.push(term);
             cur = format!("{e}.successor");
         }
         cur
     }
 
+    /// Reaches the new label `n` from the known path `known` through `new`'s roles and
+    /// checks its type in the last edge crossed; returns how `n` is known. Its `fact` row
+    /// is joined only if the statement reads it.
+    fn reach(
+        &mut self,
+        n: &Node,
+        known: (&str, &[String]),
+        new: &[String],
+        from: &mut Vec<String>,
+        wh: &mut Vec<String>,
+    ) -> Known {
+        let ty = self.param(Param::Type(n.type_name.clone()));
+        let (down, up) = (!new.is_empty(), new.is_empty() && !known.1.is_empty());
+        let meet = self.walk_up(known.0.to_string(), known.1, up.then_some(&ty), from, wh);
+        let end = self.walk_down(meet, new, down.then_some(&ty), from, wh);
+        if !down && !up {
+            // No edge between them (`o = p`): the type is checked in `fact_by_type (type_id,
+            // seq)`, whose pages stay cached; SQLite reads the row only if a column needs it.
+            let f = self.alias("f");
+            from.push(format!("fact {f} INDEXED BY fact_by_type"));
+            wh.push(format!("{f}.seq = {end} AND {f}.type_id = {ty}"));
+            return Known::row(f);
+        }
+        if !self.rows.contains(&n.label) {
+            return Known {
+                seq: end,
+                fact: None,
+            };
+        }
+        // Conditions that read only the edges are evaluated before this join, so only the
+        // facts that pass them are looked up.
+        let f = self.alias("f");
+        from.push(format!("fact {f}"));
+        wh.push(format!("{f}.seq = {end}"));
+        Known {
+            seq: end,
+            fact: Some(f),
+        }
+    }
+
     /// Joins the nodes of a block in a connected order and adds its conditions. `scope`
-    /// maps labels already known (outer blocks) to their `fact` alias. Returns whether a
+    /// holds the labels already known (outer blocks). Returns whether a
     /// driving join took more than one step (so a result may be reached twice).
     fn block(
         &mut self,
         nodes: &[Node],
         conds: &[&Condition],
-        scope: &mut HashMap<String, String>,
+        scope: &mut HashMap<String, Known>,
         from: &mut Vec<String>,
         wh: &mut Vec<String>,
     ) -> Result<bool, QueryError> {
@@ -163,7 +263,7 @@ impl Compiler {
             }
             from.push(format!("fact {f}"));
             wh.push(format!("{f}.type_id = {ty}"));
-            scope.insert(n.label.clone(), f);
+            scope.insert(n.label.clone(), Known::row(f));
         }
         while !pending.is_empty() {
             // The next join: from the most selective known fact (one pinned to new facts
@@ -205,17 +305,9 @@ impl Compiler {
                 };
                 used[ci] = true;
                 multi |= known.roles.len() + new.roles.len() > 1;
-                let start = format!("{}.seq", scope[&known.label.name]);
-                let meet = self.walk_up(start, &known.roles, from, wh);
-                let end = self.walk_down(meet, &new.roles, from, wh);
-                let f = self.alias("f");
-                let ty = self.param(Param::Type(n.type_name.clone()));
-                // The type is checked in `fact_by_type (type_id, seq)`: a fact that fails a
-                // later condition is never read from the table (SQLite defers the row read
-                // until a column needs it), and that index is small enough to stay cached.
-                from.push(format!("fact {f} INDEXED BY fact_by_type"));
-                wh.push(format!("{f}.seq = {end} AND {f}.type_id = {ty}"));
-                scope.insert(n.label.clone(), f);
+                let start = scope[&known.label.name].seq.clone();
+                let reached = self.reach(n, (&start, &known.roles), &new.roles, from, wh);
+                scope.insert(n.label.clone(), reached);
                 rank.insert(n.label.clone(), r);
                 placed = Some(pi);
             }
@@ -230,7 +322,7 @@ impl Compiler {
                     let ty = self.param(Param::Type(n.type_name.clone()));
                     from.push(format!("fact {f}"));
                     wh.push(format!("{f}.type_id = {ty}"));
-                    scope.insert(n.label.clone(), f);
+                    scope.insert(n.label.clone(), Known::row(f));
                 }
                 None => {
                     let n = pending[0];
@@ -255,15 +347,15 @@ impl Compiler {
     fn condition(
         &mut self,
         c: &Condition,
-        scope: &HashMap<String, String>,
+        scope: &HashMap<String, Known>,
     ) -> Result<String, QueryError> {
         Ok(match c {
             Condition::Join { left, right } => {
                 let (mut from, mut wh) = (Vec::new(), Vec::new());
-                let l = format!("{}.seq", scope[&left.label.name]);
-                let r = format!("{}.seq", scope[&right.label.name]);
-                let l = self.walk_up(l, &left.roles, &mut from, &mut wh);
-                let r = self.walk_up(r, &right.roles, &mut from, &mut wh);
+                let l = scope[&left.label.name].seq.clone();
+                let r = scope[&right.label.name].seq.clone();
+                let l = self.walk_up(l, &left.roles, None, &mut from, &mut wh);
+                let r = self.walk_up(r, &right.roles, None, &mut from, &mut wh);
                 wh.push(format!("{l} = {r}"));
                 if from.is_empty() {
                     wh.join(" AND ")
@@ -285,7 +377,8 @@ impl Compiler {
                 let f = self.param(Param::Text(field.clone()));
                 let o = self.param(Param::Int(op));
                 let v = self.param(Param::Blob(encode_values(values)));
-                format!("pq_test({}.bytes, {f}, {o}, {v})", scope[&label.name])
+                let row = scope[&label.name].fact();
+                format!("pq_test({row}.bytes, {f}, {o}, {v})")
             }
             Condition::Exists {
                 negated, matches, ..
@@ -347,6 +440,13 @@ pub(crate) fn compile(
     shape: &Shape<'_>,
 ) -> Result<Plan, QueryError> {
     let mut c = Compiler::default();
+    c.rows.extend(shape.output.iter().cloned());
+    for k in shape.order {
+        if let SortBy::Field(l, _) = &k.by {
+            c.rows.insert(l.name.clone());
+        }
+    }
+    labels_with_fields(conds, &mut c.rows);
     let (mut from, mut wh) = (Vec::new(), Vec::new());
     let mut scope = HashMap::new();
     let multi = c.block(nodes, conds, &mut scope, &mut from, &mut wh)?;
@@ -354,7 +454,7 @@ pub(crate) fn compile(
         .output
         .iter()
         .map(|l| {
-            let f = &scope[l];
+            let f = scope[l].fact();
             format!("{f}.seq, {f}.hash, {f}.bytes")
         })
         .collect();
@@ -364,12 +464,15 @@ pub(crate) fn compile(
         match &k.by {
             SortBy::Field(l, field) => {
                 let p = c.param(Param::Text(field.clone()));
-                keys.push(format!("pq_field({}.bytes, {p}){dir}", scope[&l.name]));
+                keys.push(format!(
+                    "pq_field({}.bytes, {p}){dir}",
+                    scope[&l.name].fact()
+                ));
             }
-            SortBy::Seq(l) => keys.push(format!("{}.seq{dir}", scope[&l.name])),
+            SortBy::Seq(l) => keys.push(format!("{}{dir}", scope[&l.name].seq)),
         }
     }
-    keys.extend(shape.output.iter().map(|l| format!("{}.seq", scope[l])));
+    keys.extend(shape.output.iter().map(|l| scope[l].seq.clone()));
     let mut sql = format!(
         "SELECT {}{} FROM {}",
         if multi || shape.distinct {

@@ -33,6 +33,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/002_queues.sql"),
     include_str!("../../schema/003_sync.sql"),
     include_str!("../../schema/004_held_set.sql"),
+    include_str!("../../schema/005_edge_types.sql"),
 ];
 
 /// The schema version this binary writes.

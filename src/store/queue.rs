@@ -277,9 +277,10 @@ impl Writer<'_> {
             Some(h) => self.released_seq(h)?,
             None => None,
         };
-        let mut up = self
-            .tx
-            .prepare_cached("SELECT e.predecessor, f.type_id FROM edge e JOIN fact f ON f.seq = e.predecessor WHERE e.successor = ?1")?;
+        // The edge carries the predecessor's type: the walk reads `edge_by_successor` alone.
+        let mut up = self.tx.prepare_cached(
+            "SELECT predecessor, predecessor_type FROM edge WHERE successor = ?1",
+        )?;
         let mut in_scope = self
             .tx
             .prepare_cached("SELECT 1 FROM edge WHERE successor = ?1 AND predecessor = ?2")?;

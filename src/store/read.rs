@@ -234,13 +234,30 @@ impl Store {
             },
             None => None,
         };
-        self.facts_where(
-            "SELECT DISTINCT f.hash, f.bytes FROM edge e JOIN fact f ON f.seq = e.successor
-             WHERE e.predecessor = ?1 AND (?2 IS NULL OR e.role_id = ?2)
-               AND (?3 IS NULL OR f.type_id = ?3)
-             ORDER BY f.seq",
-            params![seq, role_id, type_id],
-        )
+        // The edge carries the successor's type, so with a role and a type the successors
+        // are one range of the edge primary key `(predecessor, role_id, successor_type,
+        // successor)`. Through one role a fact is a successor once; through any role it
+        // may be one several times, hence DISTINCT.
+        match (role_id, type_id) {
+            (Some(role_id), Some(type_id)) => self.facts_where(
+                "SELECT f.hash, f.bytes FROM edge e JOIN fact f ON f.seq = e.successor
+                 WHERE e.predecessor = ?1 AND e.role_id = ?2 AND e.successor_type = ?3
+                 ORDER BY f.seq",
+                params![seq, role_id, type_id],
+            ),
+            (Some(role_id), None) => self.facts_where(
+                "SELECT f.hash, f.bytes FROM edge e JOIN fact f ON f.seq = e.successor
+                 WHERE e.predecessor = ?1 AND e.role_id = ?2
+                 ORDER BY f.seq",
+                params![seq, role_id],
+            ),
+            (None, type_id) => self.facts_where(
+                "SELECT DISTINCT f.hash, f.bytes FROM edge e JOIN fact f ON f.seq = e.successor
+                 WHERE e.predecessor = ?1 AND (?2 IS NULL OR e.successor_type = ?2)
+                 ORDER BY f.seq",
+                params![seq, type_id],
+            ),
+        }
     }
 
     /// The direct predecessors of a released fact, as (role, fact), by role then hash.

@@ -1,5 +1,5 @@
-//! `verify`: re-hash every stored fact, check edges and release order, check the held
-//! set and its counter, and run SQLite's own integrity check.
+//! `verify`: re-hash every stored fact, check edges (with the types they carry) and release
+//! order, check the held set and its counter, and run SQLite's own integrity check.
 
 use std::collections::BTreeSet;
 
@@ -41,6 +41,16 @@ pub struct VerifyReport {
 
 const MAX_PROBLEMS: usize = 1000;
 
+/// An edge of a released fact, as `verify` reads it.
+struct EdgeRow {
+    role: String,
+    predecessor: Vec<u8>,
+    predecessor_seq: i64,
+    /// The edge's `predecessor_type`, the predecessor's `type_id`, the edge's
+    /// `successor_type`.
+    types: [i64; 3],
+}
+
 impl VerifyReport {
     /// Whether nothing was found wrong.
     pub fn is_clean(&self) -> bool {
@@ -62,7 +72,7 @@ impl Store {
     ///
     /// Checks that every stored row re-hashes to its key and decodes strictly; that every
     /// released fact's predecessors are released with a lower sequence number and its edge
-    /// rows match its predecessors; that every held fact waits for exactly its absent
+    /// rows match its predecessors, with both facts' types; that every held fact waits for exactly its absent
     /// predecessors and the held counter is right; and SQLite's `integrity_check`.
     ///
     /// # Errors
@@ -93,11 +103,12 @@ impl Store {
         progress: &mut impl FnMut(u64),
     ) -> Result<()> {
         let mut rows_stmt = self.conn.prepare(
-            "SELECT f.seq, f.hash, f.bytes, t.name FROM fact f
+            "SELECT f.seq, f.hash, f.bytes, t.name, f.type_id FROM fact f
              LEFT JOIN fact_type t ON t.id = f.type_id ORDER BY f.seq",
         )?;
         let mut edges_stmt = self.conn.prepare(
-            "SELECT r.name, p.hash, p.seq FROM edge e
+            "SELECT r.name, p.hash, p.seq, e.predecessor_type, p.type_id, e.successor_type
+             FROM edge e
              JOIN role r ON r.id = e.role_id JOIN fact p ON p.seq = e.predecessor
              WHERE e.successor = ?1",
         )?;
@@ -134,22 +145,37 @@ impl Store {
                     ),
                 );
             }
+            let type_id: i64 = row.get(4)?;
             let mut edges = BTreeSet::new();
             for e in edges_stmt.query_map(params![seq], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, Vec<u8>>(1)?,
-                    r.get::<_, i64>(2)?,
-                ))
+                Ok(EdgeRow {
+                    role: r.get(0)?,
+                    predecessor: r.get(1)?,
+                    predecessor_seq: r.get(2)?,
+                    types: [r.get(3)?, r.get(4)?, r.get(5)?],
+                })
             })? {
-                let (role, p, pseq) = e?;
+                let e = e?;
+                let pseq = e.predecessor_seq;
                 if pseq >= seq {
                     report.problem(
                         Some(hash),
                         format!("predecessor seq {pseq} is not below its own seq {seq}"),
                     );
                 }
-                edges.insert((role, p));
+                let [edge_pred, pred, edge_succ] = e.types;
+                if edge_pred != pred || edge_succ != type_id {
+                    report.problem(
+                        Some(hash),
+                        format!(
+                            "edge to {} (role {}) gives types {edge_pred} -> {edge_succ}, \
+                             the facts have {pred} -> {type_id}",
+                            hex::encode(&e.predecessor),
+                            e.role
+                        ),
+                    );
+                }
+                edges.insert((e.role, e.predecessor));
             }
             let expected: BTreeSet<(String, Vec<u8>)> = fact
                 .predecessors()

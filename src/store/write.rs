@@ -215,8 +215,8 @@ impl<'a> Writer<'a> {
                     missing.push((*hash, Some(id)));
                     continue;
                 }
-                match self.released_seq(hash)? {
-                    Some(seq) => preds.push((role.as_str(), seq)),
+                match self.released(hash)? {
+                    Some((seq, type_id)) => preds.push((role.as_str(), seq, type_id)),
                     None => missing.push((*hash, None)),
                 }
             }
@@ -226,14 +226,14 @@ impl<'a> Writer<'a> {
             missing.dedup_by_key(|(m, _)| *m);
             return self.hold(fact, missing);
         }
-        let Some(seq) = self.insert_released(fact, &preds)? else {
+        let Some((seq, type_id)) = self.insert_released(fact, &preds)? else {
             // Stored already: a fact whose ancestors are all released may be released
             // itself, which the fact table's unique hash tells at no extra cost.
             return Ok(InsertOutcome::Duplicate {
                 seq: self.released_seq(&fact.hash())?,
             });
         };
-        let released = 1 + self.release_waiters(fact.hash(), seq)?;
+        let released = 1 + self.release_waiters(fact.hash(), seq, type_id)?;
         Ok(InsertOutcome::Inserted { seq, released })
     }
 
@@ -310,6 +310,16 @@ impl<'a> Writer<'a> {
         Ok(())
     }
 
+    /// The release sequence and type id of `hash`, if it is released: what an edge from a
+    /// new fact to it records.
+    fn released(&self, hash: &FactHash) -> Result<Option<(i64, i64)>> {
+        Ok(self
+            .tx
+            .prepare_cached("SELECT seq, type_id FROM fact WHERE hash = ?1")?
+            .query_row([&hash.0[..]], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?)
+    }
+
     /// The release sequence of `hash`, if it is released.
     pub fn released_seq(&self, hash: &FactHash) -> Result<Option<i64>> {
         Ok(self
@@ -380,9 +390,14 @@ impl<'a> Writer<'a> {
         })
     }
 
-    /// Writes a fact whose predecessors are all released; returns its sequence number,
-    /// or `None` if it was released already (and nothing was written).
-    fn insert_released(&mut self, fact: &Fact, preds: &[(&str, i64)]) -> Result<Option<i64>> {
+    /// Writes a fact whose predecessors (role, seq, type id) are all released; returns its
+    /// sequence number and type id, or `None` if it was released already (and nothing was
+    /// written).
+    fn insert_released(
+        &mut self,
+        fact: &Fact,
+        preds: &[(&str, i64, i64)],
+    ) -> Result<Option<(i64, i64)>> {
         let type_id = self.ctx.names.id(&self.tx, Kind::Type, fact.type_name())?;
         let added = self
             .tx
@@ -395,16 +410,17 @@ impl<'a> Writer<'a> {
             return Ok(None);
         }
         let seq = self.tx.last_insert_rowid();
-        for (role, pred) in preds {
+        for (role, pred, pred_type) in preds {
             let role_id = self.ctx.names.id(&self.tx, Kind::Role, role)?;
             self.tx
                 .prepare_cached(
-                    "INSERT INTO edge (predecessor, role_id, successor) VALUES (?1, ?2, ?3)",
+                    "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
                 )?
-                .execute(params![pred, role_id, seq])?;
+                .execute(params![pred, role_id, type_id, seq, pred_type])?;
         }
         self.queue_on_release(fact, seq, None)?;
-        Ok(Some(seq))
+        Ok(Some((seq, type_id)))
     }
 
     /// Releases every held fact that was waiting only for `first` or for facts this call
@@ -414,15 +430,16 @@ impl<'a> Writer<'a> {
     /// released, the counts of waiters still missing something) are removed or updated in
     /// key order every [`Cleanup::BATCH`] entries and at the end, not one at a time: a
     /// cascade reads each of them once, and writes in key order touch each page once.
-    fn release_waiters(&mut self, first: FactHash, first_seq: i64) -> Result<u64> {
+    fn release_waiters(&mut self, first: FactHash, first_seq: i64, first_type: i64) -> Result<u64> {
         if self.held_count()? == 0 {
             return Ok(0);
         }
         let mut released = 0;
         let mut cleanup = Cleanup::default();
-        // Each released fact with its seq and, if it was held, its former `held` row id.
-        let mut stack = vec![(first, first_seq, None)];
-        while let Some((arrived, arrived_seq, held_id)) = stack.pop() {
+        // Each released fact with its seq, its type id and, if it was held, its former
+        // `held` row id.
+        let mut stack = vec![(first, (first_seq, first_type), None)];
+        while let Some((arrived, arrived_at, held_id)) = stack.pop() {
             let mut waiters = self.waiters(&arrived)?;
             if !waiters.is_empty() {
                 cleanup.waits.push(arrived);
@@ -455,9 +472,9 @@ impl<'a> Writer<'a> {
                     hash: arrived,
                     reason: format!("held row {waiter} has a hash that is not 32 bytes"),
                 })?;
-                let seq = self.release_held(&hash, &bytes, (arrived, arrived_seq))?;
+                let at = self.release_held(&hash, &bytes, (arrived, arrived_at))?;
                 released += 1;
-                stack.push((hash, seq, Some(waiter)));
+                stack.push((hash, at, Some(waiter)));
             }
             if cleanup.len() >= Cleanup::BATCH {
                 self.apply_cleanup(&mut cleanup)?;
@@ -522,14 +539,14 @@ impl<'a> Writer<'a> {
 
     /// Moves a held fact whose ancestors are now all released into the fact table.
     /// `arrived` is the fact whose release completed this one's ancestry, with its
-    /// sequence number, so that predecessor is not looked up again.
+    /// sequence number and type id, so that predecessor is not looked up again.
     /// The caller removes its held row.
     fn release_held(
         &mut self,
         hash: &FactHash,
         bytes: &[u8],
-        arrived: (FactHash, i64),
-    ) -> Result<i64> {
+        arrived: (FactHash, (i64, i64)),
+    ) -> Result<(i64, i64)> {
         let fact =
             crate::encoding::decode_fact(bytes, Some(*hash)).map_err(|e| Error::Corrupt {
                 hash: *hash,
@@ -538,15 +555,15 @@ impl<'a> Writer<'a> {
         let mut preds = Vec::new();
         for (role, set) in fact.predecessors() {
             for p in set {
-                let seq = if *p == arrived.0 {
+                let (seq, type_id) = if *p == arrived.0 {
                     arrived.1
                 } else {
-                    self.released_seq(p)?.ok_or_else(|| Error::Corrupt {
+                    self.released(p)?.ok_or_else(|| Error::Corrupt {
                         hash: *hash,
                         reason: format!("released while predecessor {p} is absent"),
                     })?
                 };
-                preds.push((role.as_str(), seq));
+                preds.push((role.as_str(), seq, type_id));
             }
         }
         self.held = Some(self.held_count()? - 1);
@@ -554,10 +571,10 @@ impl<'a> Writer<'a> {
             batch.remove(hash);
         }
         match self.insert_released(&fact, &preds)? {
-            Some(seq) => Ok(seq),
+            Some(at) => Ok(at),
             // A held row for a fact that is released already is stale: it is gone now,
             // and the fact's waiters follow it as they would have.
-            None => self.released_seq(hash)?.ok_or_else(|| Error::Corrupt {
+            None => self.released(hash)?.ok_or_else(|| Error::Corrupt {
                 hash: *hash,
                 reason: "neither inserted nor found released".into(),
             }),
