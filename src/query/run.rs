@@ -156,9 +156,18 @@ impl Store {
 
     /// Runs a plan; each row as label to its bound fact, decoding only `decode`.
     pub(crate) fn rows(&self, plan: &Plan, decode: &HashSet<String>) -> Result<Vec<Env>> {
-        let params = self.bind(&plan.params)?;
+        self.rows_bound(plan, &self.bind(&plan.params)?, decode)
+    }
+
+    /// As [`Store::rows`], with the parameters already bound (a watch binds its own).
+    pub(crate) fn rows_bound(
+        &self,
+        plan: &Plan,
+        params: &[Sql],
+        decode: &HashSet<String>,
+    ) -> Result<Vec<Env>> {
         let mut out = Vec::new();
-        self.run_query(&plan.sql, &params, |r| {
+        self.run_query(&plan.sql, params, |r| {
             let mut env = Env::new();
             for (i, label) in plan.labels.iter().enumerate() {
                 let seq: i64 = r.get(i * 3)?;
@@ -275,6 +284,8 @@ pub(crate) fn top_nodes(
     givens: &Givens,
     pins: Option<&HashMap<String, Bind>>,
 ) -> Result<Vec<Node>, QueryError> {
+    // A query may be built without `Query::check` (its fields are public).
+    query.check_depth()?;
     let mut nodes = Vec::new();
     for g in &query.givens {
         let Some(h) = givens.get(&g.label.name) else {

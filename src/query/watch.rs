@@ -12,23 +12,32 @@
 //!   checked again (the query with all top-level labels pinned), giving additions (an
 //!   `exists` now true) and removals (a `not exists` now false).
 //!
-//! Edges are never removed, so a connection found now held when the fact arrived; and
-//! each check reads the current state, so the results after a poll are exactly the
-//! query's results at that moment, however many facts a poll covers. A given that is not
-//! released when the watch starts makes the query empty until it is; the poll that sees it
-//! runs the whole query once. Facts released from the held set, or written by another
-//! process on the same file, get sequence numbers like any other and are seen by the next
-//! poll: [`Watch::wait`] polls every [`Watch::interval`] (default 50 ms), which bounds the
-//! delay. Child collections in the projection are evaluated when a result is added and
-//! not followed afterwards.
+//! A poll runs in one read transaction: it reads the new facts' sequence numbers and
+//! types, and runs only the statements of the types that arrived. Edges are never
+//! removed, so a connection found now held when the fact arrived; and each check reads
+//! the same snapshot, so the results after a poll are exactly the query's results at that
+//! moment, however many facts a poll covers.
+//!
+//! Cost: the statements are compiled once, when the watch starts, with slots for the
+//! per-poll values (`Compiled`), and their parameters are hidden from SQLite's planner
+//! (`steady`) so that they stay prepared from one poll to the next.
+//!
+//! A given that is not released when the watch starts makes the query empty until it is;
+//! the poll that sees it runs the whole query once. Facts released from the held set, or
+//! written by another process on the same file, get sequence numbers like any other and
+//! are seen by the next poll: [`Watch::wait`] polls every [`Watch::interval`] (default
+//! 50 ms), which bounds the delay. Child collections in the projection are evaluated when
+//! a result is added and not followed afterwards.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::QueryError;
 use super::model::*;
 use super::run::{Givens, QueryRow, top_plan};
-use super::sql::{self, Bind, Node, Plan, Shape};
+use rusqlite::types::Value as Sql;
+
+use super::sql::{self, Bind, Node, Param, Plan, Shape};
 use crate::error::Result;
 use crate::store::Store;
 
@@ -45,14 +54,55 @@ pub enum Change {
 #[derive(Clone, Debug)]
 enum Occurrence {
     /// A top-level match.
-    Top { label: String, type_name: String },
+    Top { label: String },
     /// Inside exists conditions: the matches of each exists block on the path, outermost
     /// first, and the pinned label.
     Inner {
         blocks: Vec<Vec<Match>>,
         label: String,
-        type_name: String,
     },
+}
+
+/// A statement a poll runs, compiled once when the watch starts. Its per-poll values
+/// (the new facts' range, a result key) are slots: `Param::Int(SLOT + k)` stands for the
+/// `k`th value, replaced when the statement runs.
+#[derive(Clone, Debug)]
+struct Compiled {
+    plan: Plan,
+}
+
+/// The first slot value. Compiled statements hold no other integer this low: the other
+/// integers they bind are operator codes and limits.
+const SLOT: i64 = i64::MIN;
+
+impl Compiled {
+    /// The parameters with each slot `k` replaced by `values[k]`.
+    fn params(&self, values: &[i64]) -> Vec<Param> {
+        self.plan
+            .params
+            .iter()
+            .map(|p| match p {
+                Param::Int(i) if (*i as i128 - SLOT as i128) < values.len() as i128 => {
+                    Param::Int(values[(*i as i128 - SLOT as i128) as usize])
+                }
+                p => p.clone(),
+            })
+            .collect()
+    }
+
+    /// The parameters with the slots filled, bound.
+    fn bind(&self, store: &Store, values: &[i64]) -> Result<Vec<Sql>> {
+        store.bind(&self.params(values))
+    }
+}
+
+/// One place a fact type occurs in the query, with its statement: the query pinned to the
+/// new facts (top level), or the top-level results connected to them (inside exists).
+#[derive(Clone, Debug)]
+struct Inverse {
+    type_name: String,
+    top: bool,
+    compiled: Compiled,
 }
 
 /// A query's results, kept current by [`Watch::poll`].
@@ -62,7 +112,9 @@ pub struct Watch {
     givens: Givens,
     after: i64,
     results: HashMap<Vec<i64>, QueryRow>,
-    occurrences: Vec<Occurrence>,
+    inverses: Vec<Inverse>,
+    /// The query for one result key (slots: the key).
+    recheck: Compiled,
     givens_released: bool,
     /// How often [`Watch::wait`] polls.
     pub interval: Duration,
@@ -76,6 +128,7 @@ impl Store {
     /// [`crate::Error::Query`] for a query with `limit` (a watch follows every result) or
     /// an unbound given; as [`Store::query`].
     pub fn watch(&self, query: &Query, givens: &Givens) -> Result<Watch> {
+        query.check_depth()?;
         if query.limit.is_some() {
             return Err(QueryError {
                 line: 0,
@@ -86,18 +139,29 @@ impl Store {
         }
         let mut occurrences = Vec::new();
         for m in &query.matches {
-            occurrences.push(Occurrence::Top {
-                label: m.label.name.clone(),
-                type_name: m.type_name.clone(),
-            });
+            occurrences.push((
+                Occurrence::Top {
+                    label: m.label.name.clone(),
+                },
+                m.type_name.clone(),
+            ));
             collect_inner(&m.conditions, &mut Vec::new(), &mut occurrences);
+        }
+        let mut inverses = Vec::new();
+        for (occ, type_name) in occurrences {
+            inverses.push(Inverse {
+                type_name,
+                top: matches!(occ, Occurrence::Top { .. }),
+                compiled: inverse_plan(query, givens, &occ)?,
+            });
         }
         let mut w = Watch {
             query: query.clone(),
             givens: givens.clone(),
             after: 0,
             results: HashMap::new(),
-            occurrences,
+            inverses,
+            recheck: recheck_plan(query, givens)?,
             givens_released: false,
             interval: Duration::from_millis(50),
         };
@@ -112,6 +176,114 @@ impl Store {
     }
 }
 
+/// The statement of one occurrence, its slots the new facts' range `(after, upto]`.
+fn inverse_plan(query: &Query, givens: &Givens, occ: &Occurrence) -> Result<Compiled> {
+    let range = Bind::Range(SLOT, SLOT + 1);
+    let plan = match occ {
+        Occurrence::Top { label } => {
+            let pins = HashMap::from([(label.clone(), range)]);
+            let unordered = Query {
+                order: Vec::new(),
+                ..query.clone()
+            };
+            top_plan(&unordered, givens, Some(&pins))?
+        }
+        Occurrence::Inner { blocks, label } => {
+            let mut nodes = super::run::top_nodes(query, givens, None)?;
+            let mut conds: Vec<&Condition> = Vec::new();
+            without_exists(&query.matches, &mut conds);
+            for block in blocks {
+                without_exists(block, &mut conds);
+                nodes.extend(sql::free_nodes(block));
+            }
+            for n in &mut nodes {
+                if &n.label == label {
+                    n.bind = range;
+                }
+            }
+            let output: Vec<String> = query.top_labels().iter().map(|s| s.to_string()).collect();
+            sql::compile(
+                &nodes,
+                &conds,
+                &Shape {
+                    output,
+                    order: &[],
+                    limit: None,
+                    distinct: false,
+                },
+            )?
+        }
+    };
+    Ok(Compiled {
+        plan: steady(unordered(plan)),
+    })
+}
+
+/// The statement evaluating the query for one result key (slots: the key).
+fn recheck_plan(query: &Query, givens: &Givens) -> Result<Compiled> {
+    let labels = query.top_labels();
+    let pins: HashMap<String, Bind> = labels
+        .iter()
+        .enumerate()
+        .map(|(k, l)| (l.to_string(), Bind::Seq(SLOT + k as i64)))
+        .collect();
+    let nodes: Vec<Node> = super::run::top_nodes(query, givens, Some(&pins))?;
+    let conds: Vec<&Condition> = query
+        .matches
+        .iter()
+        .flat_map(|m| m.conditions.iter())
+        .collect();
+    let output = labels.iter().map(|s| s.to_string()).collect();
+    let plan = sql::compile(
+        &nodes,
+        &conds,
+        &Shape {
+            output,
+            order: &[],
+            limit: Some(1),
+            distinct: false,
+        },
+    )?;
+    Ok(Compiled { plan: steady(plan) })
+}
+
+/// A plan whose parameters SQLite's planner does not see: `?3` becomes `+?3`, so the
+/// statement stays prepared from one poll to the next.
+///
+/// SQLite marks a parameter that its planner looked at (the right side of an `=`, `LIMIT
+/// ?`) so that binding it again, or clearing the bindings, expires the statement, and
+/// rusqlite clears the bindings of every statement it takes back into its cache: each poll
+/// prepared every statement again (about 0.1 ms each; `Store::query_reprepares` counted
+/// one per statement per poll). Behind a unary `+`, a no-op on any value, the planner sees
+/// an expression and marks nothing. The plan does not change: compiled statements fix
+/// their join order (`CROSS JOIN`) and their indexes themselves, and the SQL compiler puts
+/// no literal text in a statement, so every `?` is a parameter.
+fn steady(mut plan: Plan) -> Plan {
+    let mut out = String::with_capacity(plan.sql.len() + 2 * plan.params.len());
+    let mut prev = ' ';
+    for c in plan.sql.chars() {
+        if c == '?' && prev != '+' {
+            out.push('+');
+        }
+        out.push(c);
+        prev = c;
+    }
+    plan.sql = out;
+    plan
+}
+
+/// A plan without its final `ORDER BY`: a poll needs the rows, not their order, and
+/// sorting them takes a temporary B-tree per statement. For plans without `LIMIT` whose
+/// order binds no parameter (a plan ordered by fields keeps its order).
+fn unordered(mut plan: Plan) -> Plan {
+    if let Some(i) = plan.sql.rfind(" ORDER BY ")
+        && !plan.sql[i..].contains(['?', ')'])
+    {
+        plan.sql.truncate(i);
+    }
+    plan
+}
+
 /// The conditions of `matches` other than exists conditions.
 fn without_exists<'a>(matches: &'a [Match], conds: &mut Vec<&'a Condition>) {
     for m in matches {
@@ -123,16 +295,22 @@ fn without_exists<'a>(matches: &'a [Match], conds: &mut Vec<&'a Condition>) {
     }
 }
 
-fn collect_inner(conds: &[Condition], path: &mut Vec<Vec<Match>>, out: &mut Vec<Occurrence>) {
+fn collect_inner(
+    conds: &[Condition],
+    path: &mut Vec<Vec<Match>>,
+    out: &mut Vec<(Occurrence, String)>,
+) {
     for c in conds {
         if let Condition::Exists { matches, .. } = c {
             path.push(matches.clone());
             for m in matches {
-                out.push(Occurrence::Inner {
-                    blocks: path.clone(),
-                    label: m.label.name.clone(),
-                    type_name: m.type_name.clone(),
-                });
+                out.push((
+                    Occurrence::Inner {
+                        blocks: path.clone(),
+                        label: m.label.name.clone(),
+                    },
+                    m.type_name.clone(),
+                ));
                 collect_inner(&m.conditions, path, out);
             }
             path.pop();
@@ -171,10 +349,14 @@ impl Watch {
     /// # Errors
     /// [`crate::Error::Sqlite`], [`crate::Error::Corrupt`].
     pub fn poll(&mut self, store: &Store) -> Result<Vec<Change>> {
-        let upto = store.last_seq()?;
-        if upto <= self.after {
+        store.read(|| self.poll_in(store))
+    }
+
+    fn poll_in(&mut self, store: &Store) -> Result<Vec<Change>> {
+        let released = store.released_types(self.after)?;
+        let Some(&(upto, _)) = released.last() else {
             return Ok(Vec::new());
-        }
+        };
         let (after, mut changes) = (self.after, Vec::new());
         if !self.givens_released {
             self.refresh_givens(store)?;
@@ -187,126 +369,57 @@ impl Watch {
             self.after = upto;
             return Ok(changes);
         }
-        for occ in self.occurrences.clone() {
-            match occ {
-                Occurrence::Top { label, type_name } => {
-                    if store.name_id(false, &type_name)?.is_none() {
-                        continue;
-                    }
-                    let pins = HashMap::from([(label, Bind::Range(after, upto))]);
-                    let plan = top_plan(&self.query, &self.givens, Some(&pins))?;
-                    for env in store.rows(&plan, &super::run::decode_set(&self.query.select))? {
-                        let row = store.row(&self.query, &env)?;
-                        if !self.results.contains_key(&row.key) {
-                            self.results.insert(row.key.clone(), row.clone());
-                            changes.push(Change::Added(row));
-                        }
-                    }
-                }
-                Occurrence::Inner {
-                    blocks,
-                    label,
-                    type_name,
-                } => {
-                    if store.name_id(false, &type_name)?.is_none() {
-                        continue;
-                    }
-                    for key in self.candidates(store, &blocks, &label, after, upto)? {
-                        self.recheck(store, key, &mut changes)?;
-                    }
-                }
+        let types: HashSet<i64> = released.iter().map(|&(_, t)| t).collect();
+        let decode = super::run::decode_set(&self.query.select);
+        let inverses = std::mem::take(&mut self.inverses);
+        let found = self.run_inverses(store, &inverses, &types, &decode, [after, upto]);
+        self.inverses = inverses;
+        let (rows, keys) = found?;
+        for env in rows {
+            let row = store.row(&self.query, &env)?;
+            if !self.results.contains_key(&row.key) {
+                self.results.insert(row.key.clone(), row.clone());
+                changes.push(Change::Added(row));
             }
+        }
+        for key in keys {
+            self.recheck(store, key, &mut changes)?;
         }
         self.after = upto;
         Ok(changes)
     }
 
-    /// The statement finding top-level results connected to new facts at an inner
-    /// occurrence.
-    fn candidate_plan(
-        &self,
-        blocks: &[Vec<Match>],
-        label: &str,
-        after: i64,
-        upto: i64,
-    ) -> Result<Plan> {
-        let mut nodes = super::run::top_nodes(&self.query, &self.givens, None)?;
-        let mut conds: Vec<&Condition> = Vec::new();
-        without_exists(&self.query.matches, &mut conds);
-        for block in blocks {
-            without_exists(block, &mut conds);
-            nodes.extend(sql::free_nodes(block));
-        }
-        for n in &mut nodes {
-            if n.label == label {
-                n.bind = Bind::Range(after, upto);
-            }
-        }
-        let output: Vec<String> = self
-            .query
-            .top_labels()
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        Ok(sql::compile(
-            &nodes,
-            &conds,
-            &Shape {
-                output,
-                order: &[],
-                limit: None,
-                distinct: true,
-            },
-        )?)
-    }
-
-    /// Top-level results connected to the new facts at an inner occurrence.
-    fn candidates(
+    /// Runs the statement of every occurrence whose type is among the new facts' `types`:
+    /// the rows of results containing a new fact, and the keys of results connected to
+    /// one (each key once).
+    fn run_inverses(
         &self,
         store: &Store,
-        blocks: &[Vec<Match>],
-        label: &str,
-        after: i64,
-        upto: i64,
-    ) -> Result<Vec<Vec<i64>>> {
-        let plan = self.candidate_plan(blocks, label, after, upto)?;
-        let mut keys = Vec::new();
-        store.run_query(&plan.sql, &store.bind(&plan.params)?, |r| {
-            let key = (0..plan.labels.len())
-                .map(|i| r.get(i * 3))
-                .collect::<rusqlite::Result<Vec<i64>>>()?;
-            keys.push(key);
-            Ok(())
-        })?;
-        Ok(keys)
-    }
-
-    /// The statement evaluating the query for one result key.
-    fn recheck_plan(&self, key: &[i64]) -> Result<Plan> {
-        let labels = self.query.top_labels();
-        let pins: HashMap<String, Bind> = labels
-            .iter()
-            .zip(key)
-            .map(|(l, s)| (l.to_string(), Bind::Seq(*s)))
-            .collect();
-        let nodes: Vec<Node> = super::run::top_nodes(&self.query, &self.givens, Some(&pins))?;
-        let conds: Vec<&Condition> = self
-            .query
-            .matches
-            .iter()
-            .flat_map(|m| m.conditions.iter())
-            .collect();
-        let output = labels.iter().map(|s| s.to_string()).collect();
-        Ok(sql::compile(
-            &nodes,
-            &conds,
-            &Shape {
-                output,
-                order: &[],
-                limit: Some(1),
-                distinct: false,
-            },
-        )?)
+        inverses: &[Inverse],
+        types: &HashSet<i64>,
+        decode: &HashSet<String>,
+        range: [i64; 2],
+    ) -> Result<(Vec<super::run::Env>, BTreeSet<Vec<i64>>)> {
+        let (mut rows, mut keys) = (Vec::new(), BTreeSet::new());
+        for inv in inverses {
+            match store.name_id(false, &inv.type_name)? {
+                Some(id) if types.contains(&id) => {}
+                _ => continue,
+            }
+            let (plan, params) = (&inv.compiled.plan, inv.compiled.bind(store, &range)?);
+            if inv.top {
+                rows.extend(store.rows_bound(plan, &params, decode)?);
+                continue;
+            }
+            store.run_query(&plan.sql, &params, |r| {
+                let key = (0..plan.labels.len())
+                    .map(|i| r.get(i * 3))
+                    .collect::<rusqlite::Result<Vec<i64>>>()?;
+                keys.insert(key);
+                Ok(())
+            })?;
+        }
+        Ok((rows, keys))
     }
 
     /// `EXPLAIN QUERY PLAN` of every statement a poll may run (for tests of index use).
@@ -315,29 +428,24 @@ impl Watch {
     /// As [`Watch::poll`].
     pub fn explain(&self, store: &Store) -> Result<Vec<Vec<String>>> {
         let mut plans = Vec::new();
-        for occ in &self.occurrences {
-            let plan = match occ {
-                Occurrence::Top { label, .. } => {
-                    let pins = HashMap::from([(label.clone(), Bind::Range(0, 1))]);
-                    top_plan(&self.query, &self.givens, Some(&pins))?
-                }
-                Occurrence::Inner { blocks, label, .. } => {
-                    self.candidate_plan(blocks, label, 0, 1)?
-                }
-            };
-            plans.push(store.query_plan(&plan.sql, &store.bind(&plan.params)?)?);
-        }
         let key = vec![1; self.query.top_labels().len()];
-        let plan = self.recheck_plan(&key)?;
-        plans.push(store.query_plan(&plan.sql, &store.bind(&plan.params)?)?);
+        let statements = self
+            .inverses
+            .iter()
+            .map(|inv| (&inv.compiled, vec![0, 1]))
+            .chain([(&self.recheck, key)]);
+        for (c, values) in statements {
+            plans.push(store.query_plan(&c.plan.sql, &c.bind(store, &values)?)?);
+        }
         Ok(plans)
     }
 
     /// Evaluates the query for one result key and records the change, if any.
     fn recheck(&mut self, store: &Store, key: Vec<i64>, changes: &mut Vec<Change>) -> Result<()> {
-        let plan = self.recheck_plan(&key)?;
+        let params = self.recheck.bind(store, &key)?;
+        let decode = super::run::decode_set(&self.query.select);
         let now = store
-            .rows(&plan, &super::run::decode_set(&self.query.select))?
+            .rows_bound(&self.recheck.plan, &params, &decode)?
             .into_iter()
             .next();
         match (now, self.results.contains_key(&key)) {
