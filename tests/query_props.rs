@@ -1,10 +1,10 @@
 //! Property tests: query results against a naive in-memory evaluator of the query model
 //! over random fact graphs, and watches against re-running the query after each insert.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use precedent::query::value::sort_key;
-use precedent::query::{Change, Condition, Givens, Match, Projection, Query, SortBy};
+use precedent::query::value::{SortKey, sort_key};
+use precedent::query::{Change, Condition, Givens, Match, Projection, Query, QueryRow, SortBy};
 use precedent::{Fact, FactHash, Store, Value};
 use proptest::prelude::*;
 
@@ -309,13 +309,14 @@ proptest! {
     }
 
     /// A watch's results, kept by its changes, equal the query re-run after each insert,
-    /// with facts arriving in random order (so some are held and released later, and the
-    /// given may arrive after the watch started).
+    /// in the query's order and within its limit, with facts arriving in random order (so
+    /// some are held and released later, and the given may arrive after the watch
+    /// started).
     #[test]
     fn watches_match_rerunning_the_query(seed in any::<u64>(), with_given in any::<bool>()) {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut facts = graph(&mut rng);
-        let text = query_text(&mut rng, with_given).replace("\nlimit", "\n-- limit");
+        let text = query_text(&mut rng, with_given);
         let q = Query::parse(&text).unwrap();
         let roots: Vec<Fact> = facts.iter().filter(|f| f.type_name() == "A").cloned().collect();
         let givens = Givens::from([("a".to_string(), roots[rng.usize(0..roots.len())].hash())]);
@@ -324,7 +325,8 @@ proptest! {
         let start = rng.usize(0..=facts.len());
         store.insert_batch(facts[..start].to_vec()).unwrap();
         let mut watch = store.watch(&q, &givens).unwrap();
-        let mut mine: BTreeSet<Vec<i64>> = watch.results().iter().map(|r| r.key.clone()).collect();
+        let mut mine: BTreeMap<Vec<i64>, QueryRow> =
+            watch.results().into_iter().map(|r| (r.key.clone(), r.clone())).collect();
         let mut rest = &facts[start..];
         while !rest.is_empty() {
             let n = rng.usize(1..=rest.len().min(3));
@@ -332,13 +334,16 @@ proptest! {
             rest = &rest[n..];
             for change in watch.poll(&store).unwrap() {
                 match change {
-                    Change::Added(r) => prop_assert!(mine.insert(r.key), "added twice\n{}", text),
-                    Change::Removed(r) => prop_assert!(mine.remove(&r.key), "removed absent\n{}", text),
+                    Change::Added(r) => prop_assert!(mine.insert(r.key.clone(), r).is_none(), "added twice\n{}", text),
+                    Change::Removed(r) => prop_assert!(mine.remove(&r.key).is_some(), "removed absent\n{}", text),
                 }
             }
-            let now: BTreeSet<Vec<i64>> =
-                store.query(&q, &givens).unwrap().into_iter().map(|r| r.key).collect();
-            prop_assert_eq!(&mine, &now, "query:\n{}", text);
+            let mut kept: Vec<&QueryRow> = mine.values().collect();
+            kept.sort_by(|a, b| a.cmp_in(b, &q));
+            let now = store.query(&q, &givens).unwrap();
+            prop_assert_eq!(&kept.into_iter().cloned().collect::<Vec<_>>(), &now, "query:\n{}", text);
+            let listed: Vec<QueryRow> = watch.results().into_iter().cloned().collect();
+            prop_assert_eq!(&listed, &now, "query:\n{}", text);
         }
     }
 }
@@ -378,6 +383,78 @@ fn a_watch_sees_an_order_arrive_and_leave_when_shipped() {
     assert!(matches!(&changes[..], [Change::Removed(_)]), "{changes:?}");
     assert!(watch.results().is_empty());
     let _ = Projection::Fact("o".into());
+}
+
+/// A watch of an ordered, limited query keeps exactly its first results: an order that
+/// sorts among them pushes the last one out; one that leaves lets the next one in, read
+/// after the last one kept. Each result carries its `order by` values.
+#[test]
+fn a_limited_watch_keeps_the_first_results() {
+    let mut store = Store::open_in_memory().unwrap();
+    let shop = Fact::builder("Shop").build().unwrap();
+    let order = |total: i64| {
+        Fact::builder("Shop.Order")
+            .field("total", total)
+            .predecessor("shop", shop.hash())
+            .build()
+            .unwrap()
+    };
+    let ship = |o: &Fact| {
+        Fact::builder("Shop.Shipment")
+            .predecessor("order", o.hash())
+            .build()
+            .unwrap()
+    };
+    let (o5, o12, o30) = (order(5), order(12), order(30));
+    store
+        .insert_batch(vec![shop.clone(), o5.clone(), o12.clone(), o30.clone()])
+        .unwrap();
+    let q = Query::parse(
+        "given s: Shop match o: Shop.Order where o->shop = s
+           and not exists (match sh: Shop.Shipment where sh->order = o)
+         order by o.total desc limit 2 select o.total",
+    )
+    .unwrap();
+    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let mut watch = store.watch(&q, &givens).unwrap();
+    let totals = |w: &precedent::query::Watch| -> Vec<String> {
+        w.results()
+            .iter()
+            .map(|r| r.value.to_json().to_string())
+            .collect()
+    };
+    assert_eq!(totals(&watch), ["30", "12"]);
+    let described = |changes: &[Change]| -> Vec<String> {
+        changes
+            .iter()
+            .map(|c| match c {
+                Change::Added(r) => format!("+{}", r.value.to_json()),
+                Change::Removed(r) => format!("-{}", r.value.to_json()),
+            })
+            .collect()
+    };
+    // 20 sorts between 30 and 12: 12 leaves.
+    let o20 = order(20);
+    store.insert(&o20).unwrap();
+    let changes = watch.poll(&store).unwrap();
+    assert_eq!(described(&changes), ["+20", "-12"]);
+    assert!(matches!(&changes[0], Change::Added(r) if r.order == [SortKey::Number(20.0)]));
+    assert_eq!(totals(&watch), ["30", "20"]);
+    // 1 sorts after both: nothing changes.
+    store.insert(&order(1)).unwrap();
+    assert!(watch.poll(&store).unwrap().is_empty());
+    // 30 is shipped: 12, the next one, comes back.
+    store.insert(&ship(&o30)).unwrap();
+    assert_eq!(described(&watch.poll(&store).unwrap()), ["-30", "+12"]);
+    // 20 and 12 shipped at once: 5 and 1 follow.
+    store.insert_batch(vec![ship(&o20), ship(&o12)]).unwrap();
+    let changes = watch.poll(&store).unwrap();
+    assert_eq!(changes.len(), 4, "{changes:?}");
+    assert_eq!(totals(&watch), ["5", "1"]);
+    assert_eq!(
+        watch.results().into_iter().cloned().collect::<Vec<_>>(),
+        store.query(&q, &givens).unwrap()
+    );
 }
 
 /// A poll's statements stay prepared: re-binding the new facts' range, a result key or a

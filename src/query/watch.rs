@@ -22,6 +22,12 @@
 //! per-poll values (`Compiled`), and their parameters are hidden from SQLite's planner
 //! (`steady`) so that they stay prepared from one poll to the next.
 //!
+//! With `limit n` the watch keeps the query's first `n` results in its order, and knows
+//! whether they are all the results (`complete`). When not, every other result sorts after
+//! the last one kept, so a result that starts to hold enters only if it sorts before that
+//! one (which it then pushes out), and when results leave, the missing ones are read with
+//! a keyset query: the first results sorting after the last one kept.
+//!
 //! A given that is not released when the watch starts makes the query empty until it is;
 //! the poll that sees it runs the whole query once. Facts released from the held set, or
 //! written by another process on the same file, get sequence numbers like any other and
@@ -32,7 +38,6 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::QueryError;
 use super::model::*;
 use super::run::{Givens, QueryRow, top_plan};
 use rusqlite::types::Value as Sql;
@@ -111,7 +116,11 @@ pub struct Watch {
     query: Query,
     givens: Givens,
     after: i64,
+    /// The current results; with `limit n`, the first `n` in the query's order.
     results: HashMap<Vec<i64>, QueryRow>,
+    /// Whether `results` holds every result of the query (always without `limit`). When
+    /// not, every result outside `results` sorts after all of them.
+    complete: bool,
     inverses: Vec<Inverse>,
     /// The query for one result key (slots: the key).
     recheck: Compiled,
@@ -122,21 +131,15 @@ pub struct Watch {
 
 impl Store {
     /// Starts watching a query: its current results are in [`Watch::results`], and each
-    /// [`Watch::poll`] reports what changed since.
+    /// [`Watch::poll`] reports what changed since. A query with `limit n` keeps the first
+    /// `n` results in its order: a result that enters them pushes out the last one, and
+    /// one that leaves lets the next one in.
     ///
     /// # Errors
-    /// [`crate::Error::Query`] for a query with `limit` (a watch follows every result) or
-    /// an unbound given; as [`Store::query`].
+    /// [`crate::Error::Query`] for an unbound given or a query nested too deep; as
+    /// [`Store::query`].
     pub fn watch(&self, query: &Query, givens: &Givens) -> Result<Watch> {
         query.check_depth()?;
-        if query.limit.is_some() {
-            return Err(QueryError {
-                line: 0,
-                column: 0,
-                message: "a watch follows every result: remove limit".into(),
-            }
-            .into());
-        }
         let mut occurrences = Vec::new();
         for m in &query.matches {
             occurrences.push((
@@ -160,6 +163,7 @@ impl Store {
             givens: givens.clone(),
             after: 0,
             results: HashMap::new(),
+            complete: true,
             inverses,
             recheck: recheck_plan(query, givens)?,
             givens_released: false,
@@ -168,9 +172,7 @@ impl Store {
         w.after = self.last_seq()?;
         w.refresh_givens(self)?;
         if w.givens_released {
-            for row in self.query(&w.query, &w.givens)? {
-                w.results.insert(row.key.clone(), row);
-            }
+            w.start(self, &mut Vec::new())?;
         }
         Ok(w)
     }
@@ -319,10 +321,11 @@ fn collect_inner(
 }
 
 impl Watch {
-    /// The current results, in key order.
+    /// The current results, in the query's order (its `order by`, then release order: see
+    /// [`QueryRow::cmp_in`]); with `limit n`, the first `n`.
     pub fn results(&self) -> Vec<&QueryRow> {
         let mut rows: Vec<&QueryRow> = self.results.values().collect();
-        rows.sort_by(|a, b| a.key.cmp(&b.key));
+        rows.sort_by(|a, b| a.cmp_in(b, &self.query));
         rows
     }
 
@@ -361,30 +364,25 @@ impl Watch {
         if !self.givens_released {
             self.refresh_givens(store)?;
             if self.givens_released {
-                for row in store.query(&self.query, &self.givens)? {
-                    self.results.insert(row.key.clone(), row.clone());
-                    changes.push(Change::Added(row));
-                }
+                self.start(store, &mut changes)?;
             }
             self.after = upto;
             return Ok(changes);
         }
         let types: HashSet<i64> = released.iter().map(|&(_, t)| t).collect();
-        let decode = super::run::decode_set(&self.query.select);
+        let decode = super::run::decode_top(&self.query);
         let inverses = std::mem::take(&mut self.inverses);
         let found = self.run_inverses(store, &inverses, &types, &decode, [after, upto]);
         self.inverses = inverses;
         let (rows, keys) = found?;
         for env in rows {
             let row = store.row(&self.query, &env)?;
-            if !self.results.contains_key(&row.key) {
-                self.results.insert(row.key.clone(), row.clone());
-                changes.push(Change::Added(row));
-            }
+            self.admit(row, &mut changes);
         }
         for key in keys {
             self.recheck(store, key, &mut changes)?;
         }
+        self.refill(store, &mut changes)?;
         self.after = upto;
         Ok(changes)
     }
@@ -443,7 +441,7 @@ impl Watch {
     /// Evaluates the query for one result key and records the change, if any.
     fn recheck(&mut self, store: &Store, key: Vec<i64>, changes: &mut Vec<Change>) -> Result<()> {
         let params = self.recheck.bind(store, &key)?;
-        let decode = super::run::decode_set(&self.query.select);
+        let decode = super::run::decode_top(&self.query);
         let now = store
             .rows_bound(&self.recheck.plan, &params, &decode)?
             .into_iter()
@@ -451,8 +449,7 @@ impl Watch {
         match (now, self.results.contains_key(&key)) {
             (Some(env), false) => {
                 let row = store.row(&self.query, &env)?;
-                self.results.insert(key, row.clone());
-                changes.push(Change::Added(row));
+                self.admit(row, changes);
             }
             (None, true) => {
                 if let Some(row) = self.results.remove(&key) {
@@ -460,6 +457,84 @@ impl Watch {
                 }
             }
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// Reads the query's current results (the first `n` with `limit n`) as additions.
+    fn start(&mut self, store: &Store, changes: &mut Vec<Change>) -> Result<()> {
+        let rows = store.query(&self.query, &self.givens)?;
+        self.complete = self.query.limit.is_none_or(|n| (rows.len() as u64) < n);
+        for row in rows {
+            self.results.insert(row.key.clone(), row.clone());
+            changes.push(Change::Added(row));
+        }
+        Ok(())
+    }
+
+    /// The result that sorts last among `results`.
+    fn last(&self) -> Option<&QueryRow> {
+        self.results
+            .values()
+            .max_by(|a, b| a.cmp_in(b, &self.query))
+    }
+
+    /// Takes a result that holds now into `results` unless it is there already or, with
+    /// `limit`, sorts after the results kept while others are left out. A result pushed
+    /// past the limit by it is removed.
+    fn admit(&mut self, row: QueryRow, changes: &mut Vec<Change>) {
+        if self.results.contains_key(&row.key) {
+            return;
+        }
+        let Some(n) = self.query.limit else {
+            self.results.insert(row.key.clone(), row.clone());
+            changes.push(Change::Added(row));
+            return;
+        };
+        if !self.complete {
+            match self.last() {
+                Some(last) if row.cmp_in(last, &self.query).is_lt() => {}
+                _ => return,
+            }
+        }
+        self.results.insert(row.key.clone(), row.clone());
+        changes.push(Change::Added(row));
+        if self.results.len() as u64 > n {
+            let key = self.last().map(|r| r.key.clone()).unwrap_or_default();
+            if let Some(out) = self.results.remove(&key) {
+                changes.push(Change::Removed(out));
+            }
+            self.complete = false;
+        }
+    }
+
+    /// With `limit n` and fewer than `n` results kept while others are left out, reads the
+    /// next results in order after the last one kept (a keyset query) and adds them.
+    fn refill(&mut self, store: &Store, changes: &mut Vec<Change>) -> Result<()> {
+        let Some(n) = self.query.limit else {
+            return Ok(());
+        };
+        let have = self.results.len() as u64;
+        if self.complete || have >= n {
+            return Ok(());
+        }
+        let want = n - have;
+        let plan = match self.last() {
+            Some(last) => super::run::top_plan_after(&self.query, &self.givens, last, want)?,
+            None => {
+                let first = Query {
+                    limit: Some(want),
+                    ..self.query.clone()
+                };
+                top_plan(&first, &self.givens, None)?
+            }
+        };
+        let envs = store.rows(&steady(plan), &super::run::decode_top(&self.query))?;
+        self.complete = (envs.len() as u64) < want;
+        for env in envs {
+            let row = store.row(&self.query, &env)?;
+            self.results.insert(row.key.clone(), row.clone());
+            changes.push(Change::Added(row));
         }
         Ok(())
     }
