@@ -221,3 +221,49 @@ select o.id";
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// A change inside a child collection of a result reaches `precedent watch` as an
+/// `updated` line, at the result's place, with its new value.
+#[test]
+fn watch_reports_changed_child_collections_as_updates() {
+    let (_dir, db, shop) = shop_db();
+    let text = "given s: Shop
+match o: Shop.Order where o->shop = s
+select {id: o.id, notes: [match n: Shop.Note where n->order = o select n.text]}";
+    let mut child = precedent(&db)
+        .args(["watch", text, "--given", &format!("s={}", shop.hash())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next =
+        || -> serde_json::Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    let shown: Vec<serde_json::Value> = (0..3).map(|_| next()).collect();
+    let order2 = shown[1]["key"].clone();
+    let order2_hash = Store::open(&db)
+        .unwrap()
+        .facts_of_type("Shop.Order")
+        .unwrap()[1]
+        .hash();
+    let out = precedent(&db)
+        .args([
+            "add",
+            &format!(
+                r#"{{"type":"Shop.Note","fields":{{"text":"fragile"}},"predecessors":{{"order":"{order2_hash}"}}}}"#
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let updated = next();
+    assert_eq!(updated["change"], "updated");
+    assert_eq!(updated["at"], 1);
+    assert_eq!(updated["key"], order2);
+    assert_eq!(
+        updated["result"],
+        serde_json::json!({"id": 2, "notes": ["fragile"]})
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

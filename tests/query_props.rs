@@ -130,7 +130,20 @@ fn query_text(rng: &mut fastrand::Rng, with_given: bool) -> String {
     if !order.is_empty() && rng.bool() {
         q.push_str(&format!("\nlimit {}", rng.usize(0..4)));
     }
-    let items: Vec<String> = top.iter().map(|l| format!("{l}: hash({l})")).collect();
+    let mut items: Vec<String> = top.iter().map(|l| format!("{l}: hash({l})")).collect();
+    // Child collections, which watches follow too.
+    match rng.u8(0..4) {
+        0 => items.push("kids: [match c9: C where c9->b = b select hash(c9)]".into()),
+        1 => items.push(
+            "kids: [match c9: C where c9->b = b
+               and not exists (match d9: D where d9->c = c9)
+               order by c9.n desc limit 2
+               select {c: hash(c9), ds: [match d8: D where d8->c = c9 select hash(d8)]}]"
+                .into(),
+        ),
+        2 => items.push("kids: [match d9: D where d9->c->b = b select d9.n]".into()),
+        _ => {}
+    }
     q.push_str(&format!("\nselect {{{}}}", items.join(", ")));
     q
 }
@@ -336,6 +349,10 @@ proptest! {
                 match change {
                     Change::Added(r) => prop_assert!(mine.insert(r.key.clone(), r).is_none(), "added twice\n{}", text),
                     Change::Removed(r) => prop_assert!(mine.remove(&r.key).is_some(), "removed absent\n{}", text),
+                    Change::Updated(r) => {
+                        let old = mine.insert(r.key.clone(), r.clone());
+                        prop_assert!(old.is_some_and(|o| o.value != r.value), "updated absent or unchanged\n{}", text);
+                    }
                 }
             }
             let mut kept: Vec<&QueryRow> = mine.values().collect();
@@ -430,6 +447,7 @@ fn a_limited_watch_keeps_the_first_results() {
             .map(|c| match c {
                 Change::Added(r) => format!("+{}", r.value.to_json()),
                 Change::Removed(r) => format!("-{}", r.value.to_json()),
+                Change::Updated(r) => format!("~{}", r.value.to_json()),
             })
             .collect()
     };
@@ -451,6 +469,51 @@ fn a_limited_watch_keeps_the_first_results() {
     let changes = watch.poll(&store).unwrap();
     assert_eq!(changes.len(), 4, "{changes:?}");
     assert_eq!(totals(&watch), ["5", "1"]);
+    assert_eq!(
+        watch.results().into_iter().cloned().collect::<Vec<_>>(),
+        store.query(&q, &givens).unwrap()
+    );
+}
+
+/// A fact that joins a child collection of a kept result updates that result, with its
+/// new value and the same key; other results are left alone.
+#[test]
+fn a_watch_updates_a_result_whose_child_collection_changed() {
+    let mut store = Store::open_in_memory().unwrap();
+    let shop = Fact::builder("Shop").build().unwrap();
+    let order = |id: i64| {
+        Fact::builder("Shop.Order")
+            .field("id", id)
+            .predecessor("shop", shop.hash())
+            .build()
+            .unwrap()
+    };
+    let (o1, o2) = (order(1), order(2));
+    store
+        .insert_batch(vec![shop.clone(), o1.clone(), o2.clone()])
+        .unwrap();
+    let q = Query::parse(
+        "given s: Shop match o: Shop.Order where o->shop = s
+         select {id: o.id, notes: [match n: Shop.Note where n->order = o select n.text]}",
+    )
+    .unwrap();
+    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let mut watch = store.watch(&q, &givens).unwrap();
+    let note = Fact::builder("Shop.Note")
+        .field("text", "fragile")
+        .predecessor("order", o2.hash())
+        .build()
+        .unwrap();
+    store.insert(&note).unwrap();
+    let changes = watch.poll(&store).unwrap();
+    let [Change::Updated(row)] = &changes[..] else {
+        panic!("{changes:?}")
+    };
+    assert_eq!(row.key, store.query(&q, &givens).unwrap()[1].key);
+    assert_eq!(
+        row.value.to_json(),
+        serde_json::json!({"id": 2, "notes": ["fragile"]})
+    );
     assert_eq!(
         watch.results().into_iter().cloned().collect::<Vec<_>>(),
         store.query(&q, &givens).unwrap()

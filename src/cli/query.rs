@@ -106,9 +106,10 @@ pub fn query(g: &Global, args: QueryArgs) -> anyhow::Result<Status> {
 
 /// `precedent watch`: the current results, then changes, as JSON Lines until interrupted.
 /// Each line carries `at`, the result's index in the query's order in the list the lines
-/// so far describe (an addition is inserted there, a removal taken from there), so a
-/// consumer keeps the ordered results, and with `limit n` exactly the first `n`, by
-/// applying the lines in turn.
+/// so far describe (an addition is inserted there, a removal taken from there, an update,
+/// whose child collections changed, replaces the result there), so a consumer keeps the
+/// ordered results, and with `limit n` exactly the first `n`, by applying the lines in
+/// turn.
 pub fn watch(g: &Global, args: WatchArgs) -> anyhow::Result<Status> {
     let store = g.open(false)?;
     let (query, givens) = load(&args.query, &store)?;
@@ -130,6 +131,12 @@ pub fn watch(g: &Global, args: WatchArgs) -> anyhow::Result<Status> {
                     if let Some(at) = shown.iter().position(|x| x.key == r.key) {
                         say!("{}", event("removed", at, &r));
                         shown.remove(at);
+                    }
+                }
+                Change::Updated(r) => {
+                    if let Some(at) = shown.iter().position(|x| x.key == r.key) {
+                        say!("{}", event("updated", at, &r));
+                        shown[at] = r;
                     }
                 }
             }

@@ -32,8 +32,12 @@
 //! the poll that sees it runs the whole query once. Facts released from the held set, or
 //! written by another process on the same file, get sequence numbers like any other and
 //! are seen by the next poll: [`Watch::wait`] polls every [`Watch::interval`] (default
-//! 50 ms), which bounds the delay. Child collections in the projection are evaluated when
-//! a result is added and not followed afterwards.
+//! 50 ms), which bounds the delay.
+//!
+//! Child collections of the projection are followed the same way: each place a fact type
+//! occurs in a collection (or in an exists inside one) has a statement finding the kept
+//! results the new facts are connected to through the collection's joins; those results
+//! are projected again, and reported as [`Change::Updated`] when their value changed.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -51,8 +55,12 @@ use crate::store::Store;
 pub enum Change {
     /// A new result.
     Added(QueryRow),
-    /// A result that no longer holds, as it was when added.
+    /// A result that no longer holds, with its last value.
     Removed(QueryRow),
+    /// A result that still holds whose child collections changed: the same key, its new
+    /// value. (A result keeps its place in the query's order: that depends on its
+    /// top-level facts only.)
+    Updated(QueryRow),
 }
 
 /// Where a fact type occurs in the query.
@@ -101,12 +109,28 @@ impl Compiled {
     }
 }
 
+/// What a poll's statements found: rows of new results, keys of results to check again,
+/// keys of results whose child collections may have changed.
+type Found = (Vec<super::run::Env>, BTreeSet<Vec<i64>>, BTreeSet<Vec<i64>>);
+
+/// What the rows of an occurrence's statement are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Finds {
+    /// Results containing a new fact (a top-level match).
+    Results,
+    /// Keys of results whose membership the new facts may change (inside exists).
+    Members,
+    /// Keys of results whose child collections the new facts may change (inside a child
+    /// collection of the projection, or an exists within one).
+    Children,
+}
+
 /// One place a fact type occurs in the query, with its statement: the query pinned to the
-/// new facts (top level), or the top-level results connected to them (inside exists).
+/// new facts (top level), or the top-level results connected to them (elsewhere).
 #[derive(Clone, Debug)]
 struct Inverse {
     type_name: String,
-    top: bool,
+    finds: Finds,
     compiled: Compiled,
 }
 
@@ -150,11 +174,22 @@ impl Store {
             ));
             collect_inner(&m.conditions, &mut Vec::new(), &mut occurrences);
         }
+        let mut children = Vec::new();
+        collect_children(&query.select, &mut Vec::new(), &mut children);
         let mut inverses = Vec::new();
-        for (occ, type_name) in occurrences {
+        let all = occurrences
+            .into_iter()
+            .map(|o| (o, false))
+            .chain(children.into_iter().map(|o| (o, true)));
+        for ((occ, type_name), child) in all {
+            let finds = match occ {
+                _ if child => Finds::Children,
+                Occurrence::Top { .. } => Finds::Results,
+                Occurrence::Inner { .. } => Finds::Members,
+            };
             inverses.push(Inverse {
                 type_name,
-                top: matches!(occ, Occurrence::Top { .. }),
+                finds,
                 compiled: inverse_plan(query, givens, &occ)?,
             });
         }
@@ -320,6 +355,39 @@ fn collect_inner(
     }
 }
 
+/// The places fact types occur in the child collections of a projection: each match of a
+/// collection, and inside its exists conditions, with the blocks of the collections (and
+/// exists) on the way, as inner occurrences.
+fn collect_children(
+    p: &Projection,
+    path: &mut Vec<Vec<Match>>,
+    out: &mut Vec<(Occurrence, String)>,
+) {
+    match p {
+        Projection::Record(items) => {
+            for (_, item) in items {
+                collect_children(item, path, out);
+            }
+        }
+        Projection::Collection(sub) => {
+            path.push(sub.matches.clone());
+            for m in &sub.matches {
+                out.push((
+                    Occurrence::Inner {
+                        blocks: path.clone(),
+                        label: m.label.name.clone(),
+                    },
+                    m.type_name.clone(),
+                ));
+                collect_inner(&m.conditions, path, out);
+            }
+            collect_children(&sub.select, path, out);
+            path.pop();
+        }
+        _ => {}
+    }
+}
+
 impl Watch {
     /// The current results, in the query's order (its `order by`, then release order: see
     /// [`QueryRow::cmp_in`]); with `limit n`, the first `n`.
@@ -374,7 +442,7 @@ impl Watch {
         let inverses = std::mem::take(&mut self.inverses);
         let found = self.run_inverses(store, &inverses, &types, &decode, [after, upto]);
         self.inverses = inverses;
-        let (rows, keys) = found?;
+        let (rows, keys, children) = found?;
         for env in rows {
             let row = store.row(&self.query, &env)?;
             self.admit(row, &mut changes);
@@ -383,6 +451,7 @@ impl Watch {
             self.recheck(store, key, &mut changes)?;
         }
         self.refill(store, &mut changes)?;
+        self.update(store, children, &mut changes)?;
         self.after = upto;
         Ok(changes)
     }
@@ -397,27 +466,68 @@ impl Watch {
         types: &HashSet<i64>,
         decode: &HashSet<String>,
         range: [i64; 2],
-    ) -> Result<(Vec<super::run::Env>, BTreeSet<Vec<i64>>)> {
-        let (mut rows, mut keys) = (Vec::new(), BTreeSet::new());
+    ) -> Result<Found> {
+        let (mut rows, mut keys, mut children) = (Vec::new(), BTreeSet::new(), BTreeSet::new());
         for inv in inverses {
             match store.name_id(false, &inv.type_name)? {
                 Some(id) if types.contains(&id) => {}
                 _ => continue,
             }
             let (plan, params) = (&inv.compiled.plan, inv.compiled.bind(store, &range)?);
-            if inv.top {
-                rows.extend(store.rows_bound(plan, &params, decode)?);
-                continue;
-            }
+            let into = match inv.finds {
+                Finds::Results => {
+                    rows.extend(store.rows_bound(plan, &params, decode)?);
+                    continue;
+                }
+                Finds::Members => &mut keys,
+                Finds::Children => &mut children,
+            };
             store.run_query(&plan.sql, &params, |r| {
                 let key = (0..plan.labels.len())
                     .map(|i| r.get(i * 3))
                     .collect::<rusqlite::Result<Vec<i64>>>()?;
-                keys.insert(key);
+                into.insert(key);
                 Ok(())
             })?;
         }
-        Ok((rows, keys))
+        Ok((rows, keys, children))
+    }
+
+    /// Projects again each kept result among `keys` that was not added by this poll, and
+    /// reports it as updated when its value (its child collections) changed.
+    fn update(
+        &mut self,
+        store: &Store,
+        keys: BTreeSet<Vec<i64>>,
+        changes: &mut Vec<Change>,
+    ) -> Result<()> {
+        let added: HashSet<&Vec<i64>> = changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::Added(r) => Some(&r.key),
+                _ => None,
+            })
+            .collect();
+        let keys: Vec<Vec<i64>> = keys
+            .into_iter()
+            .filter(|k| self.results.contains_key(k) && !added.contains(k))
+            .collect();
+        let decode = super::run::decode_top(&self.query);
+        for key in keys {
+            let params = self.recheck.bind(store, &key)?;
+            let envs = store.rows_bound(&self.recheck.plan, &params, &decode)?;
+            let Some(env) = envs.first() else { continue };
+            let row = store.row(&self.query, env)?;
+            if self
+                .results
+                .get(&key)
+                .is_some_and(|old| old.value != row.value)
+            {
+                self.results.insert(key, row.clone());
+                changes.push(Change::Updated(row));
+            }
+        }
+        Ok(())
     }
 
     /// `EXPLAIN QUERY PLAN` of every statement a poll may run (for tests of index use).
