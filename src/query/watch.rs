@@ -142,8 +142,9 @@ impl Watch {
         Ok(())
     }
 
-    /// Takes the facts released since the last poll into account and returns the changes,
-    /// additions and removals in the order found.
+    /// Takes the facts released since the last poll into account and returns the changes
+    /// in the order found: additions and removals (with `limit`, an addition that pushes a
+    /// result out is followed by that result's removal), then updates.
     ///
     /// # Errors
     /// [`crate::Error::Sqlite`], [`crate::Error::Corrupt`].
@@ -167,10 +168,7 @@ impl Watch {
         }
         let types: HashSet<i64> = released.iter().map(|&(_, t)| t).collect();
         let decode = super::run::decode_top(&self.query);
-        let inverses = std::mem::take(&mut self.inverses);
-        let found = self.run_inverses(store, &inverses, &types, &decode, [after, upto]);
-        self.inverses = inverses;
-        let (rows, keys, children) = found?;
+        let (rows, keys, children) = self.run_inverses(store, &types, &decode, [after, upto])?;
         for env in rows {
             let row = store.row(&self.query, &env)?;
             self.admit(row, &mut changes);
@@ -185,18 +183,18 @@ impl Watch {
     }
 
     /// Runs the statement of every occurrence whose type is among the new facts' `types`:
-    /// the rows of results containing a new fact, and the keys of results connected to
-    /// one (each key once).
+    /// the rows of results containing a new fact, the keys of results whose membership
+    /// they may change, and the keys of results whose child collections they may change
+    /// (each key once).
     fn run_inverses(
         &self,
         store: &Store,
-        inverses: &[Inverse],
         types: &HashSet<i64>,
         decode: &HashSet<String>,
         range: [i64; 2],
     ) -> Result<Found> {
         let (mut rows, mut keys, mut children) = (Vec::new(), BTreeSet::new(), BTreeSet::new());
-        for inv in inverses {
+        for inv in &self.inverses {
             match store.name_id(false, &inv.type_name)? {
                 Some(id) if types.contains(&id) => {}
                 _ => continue,
