@@ -267,9 +267,24 @@ impl Watch {
             .inverses
             .iter()
             .map(|inv| (&inv.compiled, vec![0, 1]))
-            .chain([(&self.recheck, key)]);
+            .chain([(&self.recheck, key.clone())]);
         for (c, values) in statements {
             plans.push(store.query_plan(&c.plan.sql, &c.bind(store, &values)?)?);
+        }
+        if self.query.limit.is_some() {
+            // The keyset query that refills the kept results, after a made-up result.
+            let row = QueryRow {
+                key,
+                value: super::run::Projected::Seq(0),
+                order: vec![super::value::SortKey::Number(0.0); self.query.order.len()],
+            };
+            let plan = steady(super::run::top_plan_after(
+                &self.query,
+                &self.givens,
+                &row,
+                1,
+            )?);
+            plans.push(store.query_plan(&plan.sql, &store.bind(&plan.params)?)?);
         }
         Ok(plans)
     }
