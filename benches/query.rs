@@ -8,7 +8,8 @@
 //! - "all pending orders": the query (no given: read by type) and the floor;
 //! - watch cost: new orders and shipments inserted one per transaction, and in batches
 //!   of 100, without a watch and with a watch of one store's pending orders polled after
-//!   each transaction.
+//!   each transaction, with the number of statements SQLite had to prepare again per
+//!   poll.
 //!
 //! Settings, from the environment:
 //! - `PRECEDENT_BENCH_STORES` (default 1,000) and `PRECEDENT_BENCH_ORDERS` (orders per
@@ -343,6 +344,7 @@ fn watch_costs(path: &PathBuf, shops: &[FactHash]) -> serde_json::Value {
                 }
             }
             let (mut changes, n) = (0usize, facts.len() as f64);
+            let (reprepared, mut polls) = (store.query_reprepares(), 0u64);
             let (mut insert, mut poll) = (Duration::ZERO, Duration::ZERO);
             let (mut insert_cpu, mut poll_cpu) = (Duration::ZERO, Duration::ZERO);
             for chunk in facts.chunks(batch) {
@@ -355,6 +357,7 @@ fn watch_costs(path: &PathBuf, shops: &[FactHash]) -> serde_json::Value {
                     changes += w.poll(&store).unwrap().len();
                     poll += t.elapsed();
                     poll_cpu += thread_cpu() - c;
+                    polls += 1;
                 }
             }
             let us = |d: Duration| d.as_secs_f64() * 1e6 / n;
@@ -366,6 +369,11 @@ fn watch_costs(path: &PathBuf, shops: &[FactHash]) -> serde_json::Value {
                 m.insert("poll_us_per_fact".into(), json!(us(poll)));
                 m.insert("insert_cpu_us_per_fact".into(), json!(us(insert_cpu)));
                 m.insert("poll_cpu_us_per_fact".into(), json!(us(poll_cpu)));
+                let again = store.query_reprepares() - reprepared;
+                m.insert(
+                    "reprepares_per_poll".into(),
+                    json!(again as f64 / polls as f64),
+                );
                 m.insert(
                     "overhead_percent".into(),
                     json!(poll.as_secs_f64() / insert.as_secs_f64() * 100.0),
@@ -375,9 +383,13 @@ fn watch_costs(path: &PathBuf, shops: &[FactHash]) -> serde_json::Value {
             }
         }
         println!(
-            "watch, {mode}, CPU time: insert {:.1} us/fact, poll {:.2} us/fact",
+            "watch, {mode}, CPU time: insert {:.1} us/fact, poll {:.2} us/fact ({:.1}%), statements prepared again per poll {:.2}",
             m["insert_cpu_us_per_fact"].as_f64().unwrap(),
             m["poll_cpu_us_per_fact"].as_f64().unwrap(),
+            m["poll_cpu_us_per_fact"].as_f64().unwrap()
+                / m["insert_cpu_us_per_fact"].as_f64().unwrap()
+                * 100.0,
+            m["reprepares_per_poll"].as_f64().unwrap(),
         );
         println!(
             "watch, {mode}: insert {:.1} us/fact (unwatched run {:.1}), poll {:.2} us/fact, overhead {:.1}% (target < 20%)",

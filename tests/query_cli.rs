@@ -170,3 +170,100 @@ fn watch_streams_additions_and_removals_from_other_processes() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// `order by` and `limit` in a watch: the command keeps exactly the first results, each
+/// line saying where in the ordered list it goes (`at`).
+#[test]
+fn watch_keeps_the_first_results_in_order() {
+    let (_dir, db, shop) = shop_db();
+    let text = "given s: Shop
+match o: Shop.Order where o->shop = s
+  and not exists (match sh: Shop.Shipment where sh->order = o)
+order by o.id desc
+limit 2
+select o.id";
+    let mut child = precedent(&db)
+        .args(["watch", text, "--given", &format!("s={}", shop.hash())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || -> (String, u64, i64) {
+        let v: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        (
+            v["change"].as_str().unwrap().to_string(),
+            v["at"].as_u64().unwrap(),
+            v["result"].as_i64().unwrap(),
+        )
+    };
+    let add = |json: String| {
+        let out = precedent(&db).args(["add", &json]).output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    // Pending: orders 1 and 3 (2 is shipped), highest id first.
+    assert_eq!(next(), ("added".into(), 0, 3));
+    assert_eq!(next(), ("added".into(), 1, 1));
+    // Order 9 comes first and pushes order 1 out.
+    let order = add(format!(
+        r#"{{"type":"Shop.Order","fields":{{"id":9}},"predecessors":{{"shop":"{}"}}}}"#,
+        shop.hash()
+    ));
+    assert_eq!(next(), ("added".into(), 0, 9));
+    assert_eq!(next(), ("removed".into(), 2, 1));
+    // Shipping order 9 lets order 1 back in, at the end.
+    add(format!(
+        r#"{{"type":"Shop.Shipment","predecessors":{{"order":"{order}"}}}}"#
+    ));
+    assert_eq!(next(), ("removed".into(), 0, 9));
+    assert_eq!(next(), ("added".into(), 1, 1));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A change inside a child collection of a result reaches `precedent watch` as an
+/// `updated` line, at the result's place, with its new value.
+#[test]
+fn watch_reports_changed_child_collections_as_updates() {
+    let (_dir, db, shop) = shop_db();
+    let text = "given s: Shop
+match o: Shop.Order where o->shop = s
+select {id: o.id, notes: [match n: Shop.Note where n->order = o select n.text]}";
+    let mut child = precedent(&db)
+        .args(["watch", text, "--given", &format!("s={}", shop.hash())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next =
+        || -> serde_json::Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    let shown: Vec<serde_json::Value> = (0..3).map(|_| next()).collect();
+    let order2 = shown[1]["key"].clone();
+    let order2_hash = Store::open(&db)
+        .unwrap()
+        .facts_of_type("Shop.Order")
+        .unwrap()[1]
+        .hash();
+    let out = precedent(&db)
+        .args([
+            "add",
+            &format!(
+                r#"{{"type":"Shop.Note","fields":{{"text":"fragile"}},"predecessors":{{"order":"{order2_hash}"}}}}"#
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let updated = next();
+    assert_eq!(updated["change"], "updated");
+    assert_eq!(updated["at"], 1);
+    assert_eq!(updated["key"], order2);
+    assert_eq!(
+        updated["result"],
+        serde_json::json!({"id": 2, "notes": ["fragile"]})
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -1,10 +1,10 @@
 //! Property tests: query results against a naive in-memory evaluator of the query model
 //! over random fact graphs, and watches against re-running the query after each insert.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use precedent::query::value::sort_key;
-use precedent::query::{Change, Condition, Givens, Match, Projection, Query, SortBy};
+use precedent::query::value::{SortKey, sort_key};
+use precedent::query::{Change, Condition, Givens, Match, Projection, Query, QueryRow, SortBy};
 use precedent::{Fact, FactHash, Store, Value};
 use proptest::prelude::*;
 
@@ -130,7 +130,20 @@ fn query_text(rng: &mut fastrand::Rng, with_given: bool) -> String {
     if !order.is_empty() && rng.bool() {
         q.push_str(&format!("\nlimit {}", rng.usize(0..4)));
     }
-    let items: Vec<String> = top.iter().map(|l| format!("{l}: hash({l})")).collect();
+    let mut items: Vec<String> = top.iter().map(|l| format!("{l}: hash({l})")).collect();
+    // Child collections, which watches follow too.
+    match rng.u8(0..4) {
+        0 => items.push("kids: [match c9: C where c9->b = b select hash(c9)]".into()),
+        1 => items.push(
+            "kids: [match c9: C where c9->b = b
+               and not exists (match d9: D where d9->c = c9)
+               order by c9.n desc limit 2
+               select {c: hash(c9), ds: [match d8: D where d8->c = c9 select hash(d8)]}]"
+                .into(),
+        ),
+        2 => items.push("kids: [match d9: D where d9->c->b = b select d9.n]".into()),
+        _ => {}
+    }
     q.push_str(&format!("\nselect {{{}}}", items.join(", ")));
     q
 }
@@ -309,13 +322,14 @@ proptest! {
     }
 
     /// A watch's results, kept by its changes, equal the query re-run after each insert,
-    /// with facts arriving in random order (so some are held and released later, and the
-    /// given may arrive after the watch started).
+    /// in the query's order and within its limit, with facts arriving in random order (so
+    /// some are held and released later, and the given may arrive after the watch
+    /// started).
     #[test]
     fn watches_match_rerunning_the_query(seed in any::<u64>(), with_given in any::<bool>()) {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut facts = graph(&mut rng);
-        let text = query_text(&mut rng, with_given).replace("\nlimit", "\n-- limit");
+        let text = query_text(&mut rng, with_given);
         let q = Query::parse(&text).unwrap();
         let roots: Vec<Fact> = facts.iter().filter(|f| f.type_name() == "A").cloned().collect();
         let givens = Givens::from([("a".to_string(), roots[rng.usize(0..roots.len())].hash())]);
@@ -324,7 +338,8 @@ proptest! {
         let start = rng.usize(0..=facts.len());
         store.insert_batch(facts[..start].to_vec()).unwrap();
         let mut watch = store.watch(&q, &givens).unwrap();
-        let mut mine: BTreeSet<Vec<i64>> = watch.results().iter().map(|r| r.key.clone()).collect();
+        let mut mine: BTreeMap<Vec<i64>, QueryRow> =
+            watch.results().into_iter().map(|r| (r.key.clone(), r.clone())).collect();
         let mut rest = &facts[start..];
         while !rest.is_empty() {
             let n = rng.usize(1..=rest.len().min(3));
@@ -332,13 +347,20 @@ proptest! {
             rest = &rest[n..];
             for change in watch.poll(&store).unwrap() {
                 match change {
-                    Change::Added(r) => prop_assert!(mine.insert(r.key), "added twice\n{}", text),
-                    Change::Removed(r) => prop_assert!(mine.remove(&r.key), "removed absent\n{}", text),
+                    Change::Added(r) => prop_assert!(mine.insert(r.key.clone(), r).is_none(), "added twice\n{}", text),
+                    Change::Removed(r) => prop_assert!(mine.remove(&r.key).is_some(), "removed absent\n{}", text),
+                    Change::Updated(r) => {
+                        let old = mine.insert(r.key.clone(), r.clone());
+                        prop_assert!(old.is_some_and(|o| o.value != r.value), "updated absent or unchanged\n{}", text);
+                    }
                 }
             }
-            let now: BTreeSet<Vec<i64>> =
-                store.query(&q, &givens).unwrap().into_iter().map(|r| r.key).collect();
-            prop_assert_eq!(&mine, &now, "query:\n{}", text);
+            let mut kept: Vec<&QueryRow> = mine.values().collect();
+            kept.sort_by(|a, b| a.cmp_in(b, &q));
+            let now = store.query(&q, &givens).unwrap();
+            prop_assert_eq!(&kept.into_iter().cloned().collect::<Vec<_>>(), &now, "query:\n{}", text);
+            let listed: Vec<QueryRow> = watch.results().into_iter().cloned().collect();
+            prop_assert_eq!(&listed, &now, "query:\n{}", text);
         }
     }
 }
@@ -378,6 +400,160 @@ fn a_watch_sees_an_order_arrive_and_leave_when_shipped() {
     assert!(matches!(&changes[..], [Change::Removed(_)]), "{changes:?}");
     assert!(watch.results().is_empty());
     let _ = Projection::Fact("o".into());
+}
+
+/// A watch of an ordered, limited query keeps exactly its first results: an order that
+/// sorts among them pushes the last one out; one that leaves lets the next one in, read
+/// after the last one kept. Each result carries its `order by` values.
+#[test]
+fn a_limited_watch_keeps_the_first_results() {
+    let mut store = Store::open_in_memory().unwrap();
+    let shop = Fact::builder("Shop").build().unwrap();
+    let order = |total: i64| {
+        Fact::builder("Shop.Order")
+            .field("total", total)
+            .predecessor("shop", shop.hash())
+            .build()
+            .unwrap()
+    };
+    let ship = |o: &Fact| {
+        Fact::builder("Shop.Shipment")
+            .predecessor("order", o.hash())
+            .build()
+            .unwrap()
+    };
+    let (o5, o12, o30) = (order(5), order(12), order(30));
+    store
+        .insert_batch(vec![shop.clone(), o5.clone(), o12.clone(), o30.clone()])
+        .unwrap();
+    let q = Query::parse(
+        "given s: Shop match o: Shop.Order where o->shop = s
+           and not exists (match sh: Shop.Shipment where sh->order = o)
+         order by o.total desc limit 2 select o.total",
+    )
+    .unwrap();
+    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let mut watch = store.watch(&q, &givens).unwrap();
+    let totals = |w: &precedent::query::Watch| -> Vec<String> {
+        w.results()
+            .iter()
+            .map(|r| r.value.to_json().to_string())
+            .collect()
+    };
+    assert_eq!(totals(&watch), ["30", "12"]);
+    let described = |changes: &[Change]| -> Vec<String> {
+        changes
+            .iter()
+            .map(|c| match c {
+                Change::Added(r) => format!("+{}", r.value.to_json()),
+                Change::Removed(r) => format!("-{}", r.value.to_json()),
+                Change::Updated(r) => format!("~{}", r.value.to_json()),
+            })
+            .collect()
+    };
+    // 20 sorts between 30 and 12: 12 leaves.
+    let o20 = order(20);
+    store.insert(&o20).unwrap();
+    let changes = watch.poll(&store).unwrap();
+    assert_eq!(described(&changes), ["+20", "-12"]);
+    assert!(matches!(&changes[0], Change::Added(r) if r.order == [SortKey::Number(20.0)]));
+    assert_eq!(totals(&watch), ["30", "20"]);
+    // 1 sorts after both: nothing changes.
+    store.insert(&order(1)).unwrap();
+    assert!(watch.poll(&store).unwrap().is_empty());
+    // 30 is shipped: 12, the next one, comes back.
+    store.insert(&ship(&o30)).unwrap();
+    assert_eq!(described(&watch.poll(&store).unwrap()), ["-30", "+12"]);
+    // 20 and 12 shipped at once: 5 and 1 follow.
+    store.insert_batch(vec![ship(&o20), ship(&o12)]).unwrap();
+    let changes = watch.poll(&store).unwrap();
+    assert_eq!(changes.len(), 4, "{changes:?}");
+    assert_eq!(totals(&watch), ["5", "1"]);
+    assert_eq!(
+        watch.results().into_iter().cloned().collect::<Vec<_>>(),
+        store.query(&q, &givens).unwrap()
+    );
+}
+
+/// A fact that joins a child collection of a kept result updates that result, with its
+/// new value and the same key; other results are left alone.
+#[test]
+fn a_watch_updates_a_result_whose_child_collection_changed() {
+    let mut store = Store::open_in_memory().unwrap();
+    let shop = Fact::builder("Shop").build().unwrap();
+    let order = |id: i64| {
+        Fact::builder("Shop.Order")
+            .field("id", id)
+            .predecessor("shop", shop.hash())
+            .build()
+            .unwrap()
+    };
+    let (o1, o2) = (order(1), order(2));
+    store
+        .insert_batch(vec![shop.clone(), o1.clone(), o2.clone()])
+        .unwrap();
+    let q = Query::parse(
+        "given s: Shop match o: Shop.Order where o->shop = s
+         select {id: o.id, notes: [match n: Shop.Note where n->order = o select n.text]}",
+    )
+    .unwrap();
+    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let mut watch = store.watch(&q, &givens).unwrap();
+    let note = Fact::builder("Shop.Note")
+        .field("text", "fragile")
+        .predecessor("order", o2.hash())
+        .build()
+        .unwrap();
+    store.insert(&note).unwrap();
+    let changes = watch.poll(&store).unwrap();
+    let [Change::Updated(row)] = &changes[..] else {
+        panic!("{changes:?}")
+    };
+    assert_eq!(row.key, store.query(&q, &givens).unwrap()[1].key);
+    assert_eq!(
+        row.value.to_json(),
+        serde_json::json!({"id": 2, "notes": ["fragile"]})
+    );
+    assert_eq!(
+        watch.results().into_iter().cloned().collect::<Vec<_>>(),
+        store.query(&q, &givens).unwrap()
+    );
+}
+
+/// A poll's statements stay prepared: re-binding the new facts' range, a result key or a
+/// given does not make SQLite prepare them again (it did once per statement per poll,
+/// most of a poll's cost when one fact arrives).
+#[test]
+fn polls_prepare_no_statement_again() {
+    let mut store = Store::open_in_memory().unwrap();
+    let shop = Fact::builder("Shop").build().unwrap();
+    store.insert(&shop).unwrap();
+    let q = Query::parse(
+        "given s: Shop match o: Shop.Order where o->shop = s and o.id >= 0
+           and not exists (match sh: Shop.Shipment where sh->order = o) select o.id",
+    )
+    .unwrap();
+    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let mut watch = store.watch(&q, &givens).unwrap();
+    let before = store.query_reprepares();
+    let mut changes = 0;
+    for id in 0..5 {
+        let order = Fact::builder("Shop.Order")
+            .field("id", id)
+            .predecessor("shop", shop.hash())
+            .build()
+            .unwrap();
+        store.insert(&order).unwrap();
+        changes += watch.poll(&store).unwrap().len();
+        let ship = Fact::builder("Shop.Shipment")
+            .predecessor("order", order.hash())
+            .build()
+            .unwrap();
+        store.insert(&ship).unwrap();
+        changes += watch.poll(&store).unwrap().len();
+    }
+    assert_eq!(changes, 10);
+    assert_eq!(store.query_reprepares() - before, 0);
 }
 
 #[test]

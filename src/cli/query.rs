@@ -105,26 +105,47 @@ pub fn query(g: &Global, args: QueryArgs) -> anyhow::Result<Status> {
 }
 
 /// `precedent watch`: the current results, then changes, as JSON Lines until interrupted.
+/// Each line carries `at`, the result's index in the query's order in the list the lines
+/// so far describe (an addition is inserted there, a removal taken from there, an update,
+/// whose child collections changed, replaces the result there), so a consumer keeps the
+/// ordered results, and with `limit n` exactly the first `n`, by applying the lines in
+/// turn.
 pub fn watch(g: &Global, args: WatchArgs) -> anyhow::Result<Status> {
     let store = g.open(false)?;
     let (query, givens) = load(&args.query, &store)?;
     let mut watch = store.watch(&query, &givens)?;
     watch.interval = Duration::from_millis(args.interval_ms.max(1));
-    for row in watch.results() {
-        say!("{}", event("added", row));
+    let mut shown: Vec<QueryRow> = watch.results().into_iter().cloned().collect();
+    for (at, row) in shown.iter().enumerate() {
+        say!("{}", event("added", at, row));
     }
     loop {
         for change in watch.wait(&store, Duration::from_secs(1))? {
             match change {
-                Change::Added(r) => say!("{}", event("added", &r)),
-                Change::Removed(r) => say!("{}", event("removed", &r)),
+                Change::Added(r) => {
+                    let at = shown.partition_point(|x| x.cmp_in(&r, &query).is_lt());
+                    say!("{}", event("added", at, &r));
+                    shown.insert(at, r);
+                }
+                Change::Removed(r) => {
+                    if let Some(at) = shown.iter().position(|x| x.key == r.key) {
+                        say!("{}", event("removed", at, &r));
+                        shown.remove(at);
+                    }
+                }
+                Change::Updated(r) => {
+                    if let Some(at) = shown.iter().position(|x| x.key == r.key) {
+                        say!("{}", event("updated", at, &r));
+                        shown[at] = r;
+                    }
+                }
             }
         }
     }
 }
 
-fn event(change: &str, row: &QueryRow) -> Json {
-    json!({"change": change, "key": row.key, "result": row.value.to_json()})
+fn event(change: &str, at: usize, row: &QueryRow) -> Json {
+    json!({"change": change, "at": at, "key": row.key, "result": row.value.to_json()})
 }
 
 /// A cell for people: facts and hashes shortened, values as JSON.

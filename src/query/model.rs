@@ -221,6 +221,7 @@ impl Query {
     /// # Errors
     /// The first problem, with its position when the query was parsed.
     pub fn check(&self) -> Result<(), QueryError> {
+        self.check_depth()?;
         let mut all = BTreeSet::new();
         let mut scope: Vec<String> = Vec::new();
         for g in &self.givens {
@@ -230,6 +231,67 @@ impl Query {
         check_block(&self.matches, &mut scope, &mut all, true)?;
         check_order(&self.order, &scope)?;
         check_projection(&self.select, &scope, &mut all)
+    }
+}
+
+/// A part of a query still to visit when measuring its depth.
+enum Part<'q> {
+    Matches(&'q [Match]),
+    Conditions(&'q [Condition]),
+    Projection(&'q Projection),
+}
+
+impl Query {
+    /// Checks that `exists`, records and child collections nest at most
+    /// [`MAX_NESTING`](super::parse::MAX_NESTING) levels deep, as the text parser does. A
+    /// query built in Rust can be nested any depth, and the checks, the SQL compiler and
+    /// the projection recurse once per level; so this walk does not recurse, and
+    /// [`Query::check`] and every compilation of a query run it first.
+    ///
+    /// # Errors
+    /// A query nested deeper, without a position (`line == 0`).
+    pub fn check_depth(&self) -> Result<(), QueryError> {
+        let max = super::parse::MAX_NESTING;
+        // The level inside an `exists`, record or collection found at `depth`.
+        let inside = |depth: usize| {
+            if depth < max {
+                Ok(depth + 1)
+            } else {
+                Err(err(
+                    Pos::default(),
+                    format!("nesting deeper than {max} levels of exists, records and collections"),
+                ))
+            }
+        };
+        let mut todo = vec![
+            (Part::Matches(&self.matches), 0),
+            (Part::Projection(&self.select), 0),
+        ];
+        while let Some((part, depth)) = todo.pop() {
+            match part {
+                Part::Matches(ms) => {
+                    todo.extend(ms.iter().map(|m| (Part::Conditions(&m.conditions), depth)));
+                }
+                Part::Conditions(cs) => {
+                    for c in cs {
+                        if let Condition::Exists { matches, .. } = c {
+                            todo.push((Part::Matches(matches), inside(depth)?));
+                        }
+                    }
+                }
+                Part::Projection(Projection::Record(items)) => {
+                    let d = inside(depth)?;
+                    todo.extend(items.iter().map(|(_, p)| (Part::Projection(p), d)));
+                }
+                Part::Projection(Projection::Collection(sub)) => {
+                    let d = inside(depth)?;
+                    todo.push((Part::Matches(&sub.matches), d));
+                    todo.push((Part::Projection(&sub.select), d));
+                }
+                Part::Projection(_) => {}
+            }
+        }
+        Ok(())
     }
 }
 

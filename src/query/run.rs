@@ -8,7 +8,8 @@ use serde_json::{Map, Value as Json};
 
 use super::QueryError;
 use super::model::*;
-use super::sql::{self, Bind, Node, Param, Plan, Shape};
+use super::sql::{self, After, Bind, Node, Param, Plan, Shape};
+use super::value::{SortKey, sort_key};
 use crate::error::Result;
 use crate::fact::{Fact, Value};
 use crate::hash::FactHash;
@@ -64,6 +65,26 @@ pub struct QueryRow {
     pub key: Vec<i64>,
     /// The projection.
     pub value: Projected,
+    /// The values of the query's `order by` keys for this result, one per key (a field's
+    /// [`SortKey`], a `seq(..)` as a number); empty without `order by`. Results are in the
+    /// order of these keys (each reversed when `desc`), then of `key`: see
+    /// [`QueryRow::cmp_in`].
+    pub order: Vec<SortKey>,
+}
+
+impl QueryRow {
+    /// Where this result sorts against `other` in `query`'s order: its `order by` keys,
+    /// then `key` (release order), as the compiled SQL orders them.
+    pub fn cmp_in(&self, other: &QueryRow, query: &Query) -> std::cmp::Ordering {
+        for ((a, b), k) in self.order.iter().zip(&other.order).zip(&query.order) {
+            let o = a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal);
+            let o = if k.descending { o.reverse() } else { o };
+            if o.is_ne() {
+                return o;
+            }
+        }
+        self.key.cmp(&other.key)
+    }
 }
 
 /// A fact bound to a label in one result row. Its bytes are decoded (and their hash
@@ -100,7 +121,7 @@ impl Store {
     pub fn query(&self, query: &Query, givens: &Givens) -> Result<Vec<QueryRow>> {
         let plan = top_plan(query, givens, None)?;
         let mut out = Vec::new();
-        for env in self.rows(&plan, &decode_set(&query.select))? {
+        for env in self.rows(&plan, &decode_top(query))? {
             out.push(self.row(query, &env)?);
         }
         Ok(out)
@@ -147,6 +168,7 @@ impl Store {
                     Param::Type(t) => self.name_id(false, t)?.map_or(Sql::Null, Sql::Integer),
                     Param::Role(r) => self.name_id(true, r)?.map_or(Sql::Null, Sql::Integer),
                     Param::Int(i) => Sql::Integer(*i),
+                    Param::Real(r) => Sql::Real(*r),
                     Param::Text(t) => Sql::Text(t.clone()),
                     Param::Blob(b) => Sql::Blob(b.clone()),
                 })
@@ -156,9 +178,18 @@ impl Store {
 
     /// Runs a plan; each row as label to its bound fact, decoding only `decode`.
     pub(crate) fn rows(&self, plan: &Plan, decode: &HashSet<String>) -> Result<Vec<Env>> {
-        let params = self.bind(&plan.params)?;
+        self.rows_bound(plan, &self.bind(&plan.params)?, decode)
+    }
+
+    /// As [`Store::rows`], with the parameters already bound (a watch binds its own).
+    pub(crate) fn rows_bound(
+        &self,
+        plan: &Plan,
+        params: &[Sql],
+        decode: &HashSet<String>,
+    ) -> Result<Vec<Env>> {
         let mut out = Vec::new();
-        self.run_query(&plan.sql, &params, |r| {
+        self.run_query(&plan.sql, params, |r| {
             let mut env = Env::new();
             for (i, label) in plan.labels.iter().enumerate() {
                 let seq: i64 = r.get(i * 3)?;
@@ -199,9 +230,18 @@ impl Store {
 
     /// Builds the result for one row.
     pub(crate) fn row(&self, query: &Query, env: &Env) -> Result<QueryRow> {
+        let order = query
+            .order
+            .iter()
+            .map(|k| match &k.by {
+                SortBy::Field(l, f) => sort_key(decoded(env, &l.name).field(f)),
+                SortBy::Seq(l) => SortKey::Number(env[&l.name].seq as f64),
+            })
+            .collect();
         Ok(QueryRow {
             key: query.top_labels().iter().map(|l| env[*l].seq).collect(),
             value: self.project(&query.select, env)?,
+            order,
         })
     }
 
@@ -254,6 +294,18 @@ impl Store {
     }
 }
 
+/// The labels a query's results need decoded: its projection's, and those it orders by a
+/// field.
+pub(crate) fn decode_top(query: &Query) -> HashSet<String> {
+    let mut out = decode_set(&query.select);
+    for k in &query.order {
+        if let SortBy::Field(l, _) = &k.by {
+            out.insert(l.name.clone());
+        }
+    }
+    out
+}
+
 /// The labels a projection needs decoded.
 pub(crate) fn decode_set(p: &Projection) -> HashSet<String> {
     let mut out = HashSet::new();
@@ -275,6 +327,8 @@ pub(crate) fn top_nodes(
     givens: &Givens,
     pins: Option<&HashMap<String, Bind>>,
 ) -> Result<Vec<Node>, QueryError> {
+    // A query may be built without `Query::check` (its fields are public).
+    query.check_depth()?;
     let mut nodes = Vec::new();
     for g in &query.givens {
         let Some(h) = givens.get(&g.label.name) else {
@@ -325,5 +379,44 @@ pub(crate) fn top_plan(
             limit: if pins.is_some() { None } else { query.limit },
             distinct: false,
         },
+    )
+}
+
+/// The top-level statement for the first `limit` results that sort after `row`, in order
+/// (a keyset over the query's order).
+pub(crate) fn top_plan_after(
+    query: &Query,
+    givens: &Givens,
+    row: &QueryRow,
+    limit: u64,
+) -> Result<Plan, QueryError> {
+    let nodes = top_nodes(query, givens, None)?;
+    let conds: Vec<&Condition> = query
+        .matches
+        .iter()
+        .flat_map(|m| m.conditions.iter())
+        .collect();
+    let mut after: Vec<After> = row
+        .order
+        .iter()
+        .map(|k| match k {
+            SortKey::Null => After::Null,
+            SortKey::Number(n) => After::Value(Param::Real(*n)),
+            SortKey::Text(t) => After::Value(Param::Text(String::from_utf8_lossy(t).into())),
+            SortKey::Bytes(b) => After::Value(Param::Blob(b.clone())),
+        })
+        .collect();
+    after.extend(row.key.iter().map(|s| After::Value(Param::Int(*s))));
+    let output = query.top_labels().iter().map(|s| s.to_string()).collect();
+    sql::compile_after(
+        &nodes,
+        &conds,
+        &Shape {
+            output,
+            order: &query.order,
+            limit: Some(limit),
+            distinct: false,
+        },
+        &after,
     )
 }

@@ -32,6 +32,7 @@ pub(crate) enum Param {
     Type(String),
     Role(String),
     Int(i64),
+    Real(f64),
     Text(String),
     Blob(Vec<u8>),
 }
@@ -491,6 +492,115 @@ pub(crate) fn compile(
         sql.push_str(" ORDER BY ");
         sql.push_str(&keys.join(", "));
     }
+    if let Some(n) = shape.limit {
+        let p = c.param(Param::Int(n.min(i64::MAX as u64) as i64));
+        sql.push_str(&format!(" LIMIT {p}"));
+    }
+    Ok(Plan {
+        sql,
+        params: c.params,
+        labels: shape.output.clone(),
+        types: shape
+            .output
+            .iter()
+            .map(|l| {
+                nodes
+                    .iter()
+                    .find(|n| &n.label == l)
+                    .map(|n| n.type_name.clone())
+                    .unwrap_or_default()
+            })
+            .collect(),
+    })
+}
+
+/// One key of a keyset: where a row must sort after.
+#[derive(Clone, Debug)]
+pub(crate) enum After {
+    /// SQL NULL (a missing or unorderable field), which sorts first.
+    Null,
+    /// A value, bound as this parameter.
+    Value(Param),
+}
+
+/// As [`compile`], keeping only the rows that sort after a given row (a keyset: the next
+/// rows of an ordered query without reading the ones before it). `after` holds one value
+/// per key of `shape.order`, then the seq of each output label, as the statement orders
+/// them. NULL sorts before every value, as in SQLite's `ORDER BY`.
+pub(crate) fn compile_after(
+    nodes: &[Node],
+    conds: &[&Condition],
+    shape: &Shape<'_>,
+    after: &[After],
+) -> Result<Plan, QueryError> {
+    let mut c = Compiler::default();
+    c.rows.extend(shape.output.iter().cloned());
+    for k in shape.order {
+        if let SortBy::Field(l, _) = &k.by {
+            c.rows.insert(l.name.clone());
+        }
+    }
+    labels_with_fields(conds, &mut c.rows);
+    let (mut from, mut wh) = (Vec::new(), Vec::new());
+    let mut scope = HashMap::new();
+    let multi = c.block(nodes, conds, &mut scope, &mut from, &mut wh)?;
+    // (expression, descending) of each ordering key.
+    let mut keys: Vec<(String, bool)> = Vec::new();
+    for k in shape.order {
+        match &k.by {
+            SortBy::Field(l, field) => {
+                let p = c.param(Param::Text(field.clone()));
+                keys.push((
+                    format!("pq_field({}.bytes, {p})", scope[&l.name].fact()),
+                    k.descending,
+                ));
+            }
+            SortBy::Seq(l) => keys.push((scope[&l.name].seq.clone(), k.descending)),
+        }
+    }
+    keys.extend(shape.output.iter().map(|l| (scope[l].seq.clone(), false)));
+    // (k1 after v1) OR (k1 IS v1 AND ((k2 after v2) OR (k2 IS v2 AND ...))).
+    let mut cond = "0".to_string();
+    for ((e, desc), a) in keys.iter().zip(after).rev() {
+        let (later, same) = match a {
+            After::Null if *desc => ("0".to_string(), format!("{e} IS NULL")),
+            After::Null => (format!("{e} IS NOT NULL"), format!("{e} IS NULL")),
+            After::Value(v) => {
+                let p = c.param(v.clone());
+                if *desc {
+                    (format!("({e} < {p} OR {e} IS NULL)"), format!("{e} = {p}"))
+                } else {
+                    (format!("{e} > {p}"), format!("{e} = {p}"))
+                }
+            }
+        };
+        cond = format!("({later} OR ({same} AND {cond}))");
+    }
+    wh.push(cond);
+    let cols: Vec<String> = shape
+        .output
+        .iter()
+        .map(|l| {
+            let f = scope[l].fact();
+            format!("{f}.seq, {f}.hash, {f}.bytes")
+        })
+        .collect();
+    let order: Vec<String> = keys
+        .iter()
+        .map(|(e, desc)| format!("{e}{}", if *desc { " DESC" } else { "" }))
+        .collect();
+    let mut sql = format!(
+        "SELECT {}{} FROM {} WHERE {} ORDER BY {}",
+        if multi || shape.distinct {
+            "DISTINCT "
+        } else {
+            ""
+        },
+        cols.join(", "),
+        from.join(" CROSS JOIN "),
+        wh.join(" AND "),
+        order.join(", ")
+    );
     if let Some(n) = shape.limit {
         let p = c.param(Param::Int(n.min(i64::MAX as u64) as i64));
         sql.push_str(&format!(" LIMIT {p}"));

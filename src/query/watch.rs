@@ -12,48 +12,60 @@
 //!   checked again (the query with all top-level labels pinned), giving additions (an
 //!   `exists` now true) and removals (a `not exists` now false).
 //!
-//! Edges are never removed, so a connection found now held when the fact arrived; and
-//! each check reads the current state, so the results after a poll are exactly the
-//! query's results at that moment, however many facts a poll covers. A given that is not
-//! released when the watch starts makes the query empty until it is; the poll that sees it
-//! runs the whole query once. Facts released from the held set, or written by another
-//! process on the same file, get sequence numbers like any other and are seen by the next
-//! poll: [`Watch::wait`] polls every [`Watch::interval`] (default 50 ms), which bounds the
-//! delay. Child collections in the projection are evaluated when a result is added and
-//! not followed afterwards.
+//! A poll runs in one read transaction: it reads the new facts' sequence numbers and
+//! types, and runs only the statements of the types that arrived. Edges are never
+//! removed, so a connection found now held when the fact arrived; and each check reads
+//! the same snapshot, so the results after a poll are exactly the query's results at that
+//! moment, however many facts a poll covers.
+//!
+//! Cost: the statements are compiled once, when the watch starts (`inverse.rs`), with
+//! slots for the per-poll values (`Compiled`), and their parameters are hidden from
+//! SQLite's planner (`steady`) so that they stay prepared from one poll to the next.
+//!
+//! With `limit n` the watch keeps the query's first `n` results in its order, and knows
+//! whether they are all the results (`complete`). When not, every other result sorts after
+//! the last one kept, so a result that starts to hold enters only if it sorts before that
+//! one (which it then pushes out), and when results leave, the missing ones are read with
+//! a keyset query: the first results sorting after the last one kept.
+//!
+//! A given that is not released when the watch starts makes the query empty until it is;
+//! the poll that sees it runs the whole query once. Facts released from the held set, or
+//! written by another process on the same file, get sequence numbers like any other and
+//! are seen by the next poll: [`Watch::wait`] polls every [`Watch::interval`] (default
+//! 50 ms), which bounds the delay.
+//!
+//! Child collections of the projection are followed the same way: each place a fact type
+//! occurs in a collection (or in an exists inside one) has a statement finding the kept
+//! results the new facts are connected to through the collection's joins; those results
+//! are projected again, and reported as [`Change::Updated`] when their value changed.
 
-use std::collections::HashMap;
+mod inverse;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::QueryError;
 use super::model::*;
 use super::run::{Givens, QueryRow, top_plan};
-use super::sql::{self, Bind, Node, Plan, Shape};
 use crate::error::Result;
 use crate::store::Store;
+use inverse::{Compiled, Finds, Inverse, steady};
 
 /// A change to a watched query's results.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Change {
     /// A new result.
     Added(QueryRow),
-    /// A result that no longer holds, as it was when added.
+    /// A result that no longer holds, with its last value.
     Removed(QueryRow),
+    /// A result that still holds whose child collections changed: the same key, its new
+    /// value. (A result keeps its place in the query's order: that depends on its
+    /// top-level facts only.)
+    Updated(QueryRow),
 }
 
-/// Where a fact type occurs in the query.
-#[derive(Clone, Debug)]
-enum Occurrence {
-    /// A top-level match.
-    Top { label: String, type_name: String },
-    /// Inside exists conditions: the matches of each exists block on the path, outermost
-    /// first, and the pinned label.
-    Inner {
-        blocks: Vec<Vec<Match>>,
-        label: String,
-        type_name: String,
-    },
-}
+/// What a poll's statements found: rows of new results, keys of results to check again,
+/// keys of results whose child collections may have changed.
+type Found = (Vec<super::run::Env>, BTreeSet<Vec<i64>>, BTreeSet<Vec<i64>>);
 
 /// A query's results, kept current by [`Watch::poll`].
 #[derive(Debug)]
@@ -61,90 +73,55 @@ pub struct Watch {
     query: Query,
     givens: Givens,
     after: i64,
+    /// The current results; with `limit n`, the first `n` in the query's order.
     results: HashMap<Vec<i64>, QueryRow>,
-    occurrences: Vec<Occurrence>,
+    /// Whether `results` holds every result of the query (always without `limit`). When
+    /// not, every result outside `results` sorts after all of them.
+    complete: bool,
+    inverses: Vec<Inverse>,
+    /// The query for one result key (slots: the key).
+    recheck: Compiled,
     givens_released: bool,
     /// How often [`Watch::wait`] polls.
     pub interval: Duration,
 }
-
 impl Store {
     /// Starts watching a query: its current results are in [`Watch::results`], and each
-    /// [`Watch::poll`] reports what changed since.
+    /// [`Watch::poll`] reports what changed since. A query with `limit n` keeps the first
+    /// `n` results in its order: a result that enters them pushes out the last one, and
+    /// one that leaves lets the next one in.
     ///
     /// # Errors
-    /// [`crate::Error::Query`] for a query with `limit` (a watch follows every result) or
-    /// an unbound given; as [`Store::query`].
+    /// [`crate::Error::Query`] for an unbound given or a query nested too deep; as
+    /// [`Store::query`].
     pub fn watch(&self, query: &Query, givens: &Givens) -> Result<Watch> {
-        if query.limit.is_some() {
-            return Err(QueryError {
-                line: 0,
-                column: 0,
-                message: "a watch follows every result: remove limit".into(),
-            }
-            .into());
-        }
-        let mut occurrences = Vec::new();
-        for m in &query.matches {
-            occurrences.push(Occurrence::Top {
-                label: m.label.name.clone(),
-                type_name: m.type_name.clone(),
-            });
-            collect_inner(&m.conditions, &mut Vec::new(), &mut occurrences);
-        }
+        query.check_depth()?;
         let mut w = Watch {
             query: query.clone(),
             givens: givens.clone(),
             after: 0,
             results: HashMap::new(),
-            occurrences,
+            complete: true,
+            inverses: inverse::inverses(query, givens)?,
+            recheck: inverse::recheck_plan(query, givens)?,
             givens_released: false,
             interval: Duration::from_millis(50),
         };
         w.after = self.last_seq()?;
         w.refresh_givens(self)?;
         if w.givens_released {
-            for row in self.query(&w.query, &w.givens)? {
-                w.results.insert(row.key.clone(), row);
-            }
+            w.start(self, &mut Vec::new())?;
         }
         Ok(w)
     }
 }
 
-/// The conditions of `matches` other than exists conditions.
-fn without_exists<'a>(matches: &'a [Match], conds: &mut Vec<&'a Condition>) {
-    for m in matches {
-        conds.extend(
-            m.conditions
-                .iter()
-                .filter(|c| !matches!(c, Condition::Exists { .. })),
-        );
-    }
-}
-
-fn collect_inner(conds: &[Condition], path: &mut Vec<Vec<Match>>, out: &mut Vec<Occurrence>) {
-    for c in conds {
-        if let Condition::Exists { matches, .. } = c {
-            path.push(matches.clone());
-            for m in matches {
-                out.push(Occurrence::Inner {
-                    blocks: path.clone(),
-                    label: m.label.name.clone(),
-                    type_name: m.type_name.clone(),
-                });
-                collect_inner(&m.conditions, path, out);
-            }
-            path.pop();
-        }
-    }
-}
-
 impl Watch {
-    /// The current results, in key order.
+    /// The current results, in the query's order (its `order by`, then release order: see
+    /// [`QueryRow::cmp_in`]); with `limit n`, the first `n`.
     pub fn results(&self) -> Vec<&QueryRow> {
         let mut rows: Vec<&QueryRow> = self.results.values().collect();
-        rows.sort_by(|a, b| a.key.cmp(&b.key));
+        rows.sort_by(|a, b| a.cmp_in(b, &self.query));
         rows
     }
 
@@ -165,148 +142,118 @@ impl Watch {
         Ok(())
     }
 
-    /// Takes the facts released since the last poll into account and returns the changes,
-    /// additions and removals in the order found.
+    /// Takes the facts released since the last poll into account and returns the changes
+    /// in the order found: additions and removals (with `limit`, an addition that pushes a
+    /// result out is followed by that result's removal), then updates.
     ///
     /// # Errors
     /// [`crate::Error::Sqlite`], [`crate::Error::Corrupt`].
     pub fn poll(&mut self, store: &Store) -> Result<Vec<Change>> {
-        let upto = store.last_seq()?;
-        if upto <= self.after {
+        store.read(|| self.poll_in(store))
+    }
+
+    fn poll_in(&mut self, store: &Store) -> Result<Vec<Change>> {
+        let released = store.released_types(self.after)?;
+        let Some(&(upto, _)) = released.last() else {
             return Ok(Vec::new());
-        }
+        };
         let (after, mut changes) = (self.after, Vec::new());
         if !self.givens_released {
             self.refresh_givens(store)?;
             if self.givens_released {
-                for row in store.query(&self.query, &self.givens)? {
-                    self.results.insert(row.key.clone(), row.clone());
-                    changes.push(Change::Added(row));
-                }
+                self.start(store, &mut changes)?;
             }
             self.after = upto;
             return Ok(changes);
         }
-        for occ in self.occurrences.clone() {
-            match occ {
-                Occurrence::Top { label, type_name } => {
-                    if store.name_id(false, &type_name)?.is_none() {
-                        continue;
-                    }
-                    let pins = HashMap::from([(label, Bind::Range(after, upto))]);
-                    let plan = top_plan(&self.query, &self.givens, Some(&pins))?;
-                    for env in store.rows(&plan, &super::run::decode_set(&self.query.select))? {
-                        let row = store.row(&self.query, &env)?;
-                        if !self.results.contains_key(&row.key) {
-                            self.results.insert(row.key.clone(), row.clone());
-                            changes.push(Change::Added(row));
-                        }
-                    }
-                }
-                Occurrence::Inner {
-                    blocks,
-                    label,
-                    type_name,
-                } => {
-                    if store.name_id(false, &type_name)?.is_none() {
-                        continue;
-                    }
-                    for key in self.candidates(store, &blocks, &label, after, upto)? {
-                        self.recheck(store, key, &mut changes)?;
-                    }
-                }
-            }
+        let types: HashSet<i64> = released.iter().map(|&(_, t)| t).collect();
+        let decode = super::run::decode_top(&self.query);
+        let (rows, keys, children) = self.run_inverses(store, &types, &decode, [after, upto])?;
+        for env in rows {
+            let row = store.row(&self.query, &env)?;
+            self.admit(row, &mut changes);
         }
+        for key in keys {
+            self.recheck(store, key, &mut changes)?;
+        }
+        self.refill(store, &mut changes)?;
+        self.update(store, children, &mut changes)?;
         self.after = upto;
         Ok(changes)
     }
 
-    /// The statement finding top-level results connected to new facts at an inner
-    /// occurrence.
-    fn candidate_plan(
-        &self,
-        blocks: &[Vec<Match>],
-        label: &str,
-        after: i64,
-        upto: i64,
-    ) -> Result<Plan> {
-        let mut nodes = super::run::top_nodes(&self.query, &self.givens, None)?;
-        let mut conds: Vec<&Condition> = Vec::new();
-        without_exists(&self.query.matches, &mut conds);
-        for block in blocks {
-            without_exists(block, &mut conds);
-            nodes.extend(sql::free_nodes(block));
-        }
-        for n in &mut nodes {
-            if n.label == label {
-                n.bind = Bind::Range(after, upto);
-            }
-        }
-        let output: Vec<String> = self
-            .query
-            .top_labels()
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        Ok(sql::compile(
-            &nodes,
-            &conds,
-            &Shape {
-                output,
-                order: &[],
-                limit: None,
-                distinct: true,
-            },
-        )?)
-    }
-
-    /// Top-level results connected to the new facts at an inner occurrence.
-    fn candidates(
+    /// Runs the statement of every occurrence whose type is among the new facts' `types`:
+    /// the rows of results containing a new fact, the keys of results whose membership
+    /// they may change, and the keys of results whose child collections they may change
+    /// (each key once).
+    fn run_inverses(
         &self,
         store: &Store,
-        blocks: &[Vec<Match>],
-        label: &str,
-        after: i64,
-        upto: i64,
-    ) -> Result<Vec<Vec<i64>>> {
-        let plan = self.candidate_plan(blocks, label, after, upto)?;
-        let mut keys = Vec::new();
-        store.run_query(&plan.sql, &store.bind(&plan.params)?, |r| {
-            let key = (0..plan.labels.len())
-                .map(|i| r.get(i * 3))
-                .collect::<rusqlite::Result<Vec<i64>>>()?;
-            keys.push(key);
-            Ok(())
-        })?;
-        Ok(keys)
+        types: &HashSet<i64>,
+        decode: &HashSet<String>,
+        range: [i64; 2],
+    ) -> Result<Found> {
+        let (mut rows, mut keys, mut children) = (Vec::new(), BTreeSet::new(), BTreeSet::new());
+        for inv in &self.inverses {
+            match store.name_id(false, &inv.type_name)? {
+                Some(id) if types.contains(&id) => {}
+                _ => continue,
+            }
+            let (plan, params) = (&inv.compiled.plan, inv.compiled.bind(store, &range)?);
+            let into = match inv.finds {
+                Finds::Results => {
+                    rows.extend(store.rows_bound(plan, &params, decode)?);
+                    continue;
+                }
+                Finds::Members => &mut keys,
+                Finds::Children => &mut children,
+            };
+            store.run_query(&plan.sql, &params, |r| {
+                let key = (0..plan.labels.len())
+                    .map(|i| r.get(i * 3))
+                    .collect::<rusqlite::Result<Vec<i64>>>()?;
+                into.insert(key);
+                Ok(())
+            })?;
+        }
+        Ok((rows, keys, children))
     }
 
-    /// The statement evaluating the query for one result key.
-    fn recheck_plan(&self, key: &[i64]) -> Result<Plan> {
-        let labels = self.query.top_labels();
-        let pins: HashMap<String, Bind> = labels
+    /// Projects again each kept result among `keys` that was not added by this poll, and
+    /// reports it as updated when its value (its child collections) changed.
+    fn update(
+        &mut self,
+        store: &Store,
+        keys: BTreeSet<Vec<i64>>,
+        changes: &mut Vec<Change>,
+    ) -> Result<()> {
+        let added: HashSet<&Vec<i64>> = changes
             .iter()
-            .zip(key)
-            .map(|(l, s)| (l.to_string(), Bind::Seq(*s)))
+            .filter_map(|c| match c {
+                Change::Added(r) => Some(&r.key),
+                _ => None,
+            })
             .collect();
-        let nodes: Vec<Node> = super::run::top_nodes(&self.query, &self.givens, Some(&pins))?;
-        let conds: Vec<&Condition> = self
-            .query
-            .matches
-            .iter()
-            .flat_map(|m| m.conditions.iter())
+        let keys: Vec<Vec<i64>> = keys
+            .into_iter()
+            .filter(|k| self.results.contains_key(k) && !added.contains(k))
             .collect();
-        let output = labels.iter().map(|s| s.to_string()).collect();
-        Ok(sql::compile(
-            &nodes,
-            &conds,
-            &Shape {
-                output,
-                order: &[],
-                limit: Some(1),
-                distinct: false,
-            },
-        )?)
+        let decode = super::run::decode_top(&self.query);
+        for key in keys {
+            let params = self.recheck.bind(store, &key)?;
+            let envs = store.rows_bound(&self.recheck.plan, &params, &decode)?;
+            let Some(env) = envs.first() else { continue };
+            let row = store.row(&self.query, env)?;
+            if self
+                .results
+                .get(&key)
+                .is_some_and(|old| old.value != row.value)
+            {
+                self.results.insert(key, row.clone());
+                changes.push(Change::Updated(row));
+            }
+        }
+        Ok(())
     }
 
     /// `EXPLAIN QUERY PLAN` of every statement a poll may run (for tests of index use).
@@ -315,36 +262,45 @@ impl Watch {
     /// As [`Watch::poll`].
     pub fn explain(&self, store: &Store) -> Result<Vec<Vec<String>>> {
         let mut plans = Vec::new();
-        for occ in &self.occurrences {
-            let plan = match occ {
-                Occurrence::Top { label, .. } => {
-                    let pins = HashMap::from([(label.clone(), Bind::Range(0, 1))]);
-                    top_plan(&self.query, &self.givens, Some(&pins))?
-                }
-                Occurrence::Inner { blocks, label, .. } => {
-                    self.candidate_plan(blocks, label, 0, 1)?
-                }
+        let key = vec![1; self.query.top_labels().len()];
+        let statements = self
+            .inverses
+            .iter()
+            .map(|inv| (&inv.compiled, vec![0, 1]))
+            .chain([(&self.recheck, key.clone())]);
+        for (c, values) in statements {
+            plans.push(store.query_plan(&c.plan.sql, &c.bind(store, &values)?)?);
+        }
+        if self.query.limit.is_some() {
+            // The keyset query that refills the kept results, after a made-up result.
+            let row = QueryRow {
+                key,
+                value: super::run::Projected::Seq(0),
+                order: vec![super::value::SortKey::Number(0.0); self.query.order.len()],
             };
+            let plan = steady(super::run::top_plan_after(
+                &self.query,
+                &self.givens,
+                &row,
+                1,
+            )?);
             plans.push(store.query_plan(&plan.sql, &store.bind(&plan.params)?)?);
         }
-        let key = vec![1; self.query.top_labels().len()];
-        let plan = self.recheck_plan(&key)?;
-        plans.push(store.query_plan(&plan.sql, &store.bind(&plan.params)?)?);
         Ok(plans)
     }
 
     /// Evaluates the query for one result key and records the change, if any.
     fn recheck(&mut self, store: &Store, key: Vec<i64>, changes: &mut Vec<Change>) -> Result<()> {
-        let plan = self.recheck_plan(&key)?;
+        let params = self.recheck.bind(store, &key)?;
+        let decode = super::run::decode_top(&self.query);
         let now = store
-            .rows(&plan, &super::run::decode_set(&self.query.select))?
+            .rows_bound(&self.recheck.plan, &params, &decode)?
             .into_iter()
             .next();
         match (now, self.results.contains_key(&key)) {
             (Some(env), false) => {
                 let row = store.row(&self.query, &env)?;
-                self.results.insert(key, row.clone());
-                changes.push(Change::Added(row));
+                self.admit(row, changes);
             }
             (None, true) => {
                 if let Some(row) = self.results.remove(&key) {
@@ -352,6 +308,84 @@ impl Watch {
                 }
             }
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// Reads the query's current results (the first `n` with `limit n`) as additions.
+    fn start(&mut self, store: &Store, changes: &mut Vec<Change>) -> Result<()> {
+        let rows = store.query(&self.query, &self.givens)?;
+        self.complete = self.query.limit.is_none_or(|n| (rows.len() as u64) < n);
+        for row in rows {
+            self.results.insert(row.key.clone(), row.clone());
+            changes.push(Change::Added(row));
+        }
+        Ok(())
+    }
+
+    /// The result that sorts last among `results`.
+    fn last(&self) -> Option<&QueryRow> {
+        self.results
+            .values()
+            .max_by(|a, b| a.cmp_in(b, &self.query))
+    }
+
+    /// Takes a result that holds now into `results` unless it is there already or, with
+    /// `limit`, sorts after the results kept while others are left out. A result pushed
+    /// past the limit by it is removed.
+    fn admit(&mut self, row: QueryRow, changes: &mut Vec<Change>) {
+        if self.results.contains_key(&row.key) {
+            return;
+        }
+        let Some(n) = self.query.limit else {
+            self.results.insert(row.key.clone(), row.clone());
+            changes.push(Change::Added(row));
+            return;
+        };
+        if !self.complete {
+            match self.last() {
+                Some(last) if row.cmp_in(last, &self.query).is_lt() => {}
+                _ => return,
+            }
+        }
+        self.results.insert(row.key.clone(), row.clone());
+        changes.push(Change::Added(row));
+        if self.results.len() as u64 > n {
+            let key = self.last().map(|r| r.key.clone()).unwrap_or_default();
+            if let Some(out) = self.results.remove(&key) {
+                changes.push(Change::Removed(out));
+            }
+            self.complete = false;
+        }
+    }
+
+    /// With `limit n` and fewer than `n` results kept while others are left out, reads the
+    /// next results in order after the last one kept (a keyset query) and adds them.
+    fn refill(&mut self, store: &Store, changes: &mut Vec<Change>) -> Result<()> {
+        let Some(n) = self.query.limit else {
+            return Ok(());
+        };
+        let have = self.results.len() as u64;
+        if self.complete || have >= n {
+            return Ok(());
+        }
+        let want = n - have;
+        let plan = match self.last() {
+            Some(last) => super::run::top_plan_after(&self.query, &self.givens, last, want)?,
+            None => {
+                let first = Query {
+                    limit: Some(want),
+                    ..self.query.clone()
+                };
+                top_plan(&first, &self.givens, None)?
+            }
+        };
+        let envs = store.rows(&steady(plan), &super::run::decode_top(&self.query))?;
+        self.complete = (envs.len() as u64) < want;
+        for env in envs {
+            let row = store.row(&self.query, &env)?;
+            self.results.insert(row.key.clone(), row.clone());
+            changes.push(Change::Added(row));
         }
         Ok(())
     }

@@ -97,6 +97,9 @@ pub(crate) struct Ctx {
     pub(crate) queues: Option<Arc<queue::QueueDefs>>,
     /// Randomness for lease tokens and backoff jitter.
     pub(crate) rng: fastrand::Rng,
+    /// How many times SQLite prepared a compiled query statement again (see
+    /// [`Store::query_reprepares`]).
+    pub(crate) reprepares: std::cell::Cell<u64>,
 }
 
 impl Store {
@@ -162,6 +165,7 @@ impl Store {
                 names: Names::default(),
                 queues: None,
                 rng: fastrand::Rng::new(),
+                reprepares: std::cell::Cell::new(0),
             },
             path,
         })

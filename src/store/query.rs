@@ -4,7 +4,7 @@
 //! The SQL itself is built in `src/query/sql.rs`; this file only runs it.
 
 use rusqlite::types::Value as Sql;
-use rusqlite::{OptionalExtension, Row};
+use rusqlite::{OptionalExtension, Row, StatementStatus};
 
 use super::Store;
 use super::names::Kind;
@@ -31,7 +31,20 @@ impl Store {
         while let Some(row) = rows.next()? {
             f(row)?;
         }
+        drop(rows);
+        let again = stmt.reset_status(StatementStatus::RePrepare);
+        let total = &self.ctx.reprepares;
+        total.set(total.get() + again.max(0) as u64);
         Ok(())
+    }
+
+    /// How many times, since the store was opened, SQLite had to prepare a compiled query
+    /// statement again before running it (`SQLITE_STMTSTATUS_REPREPARE`), for example
+    /// because re-binding a parameter the planner had looked at expired the statement.
+    /// For tests and benchmarks of [`crate::query::Watch::poll`], whose statements are
+    /// meant to stay prepared.
+    pub fn query_reprepares(&self) -> u64 {
+        self.ctx.reprepares.get()
     }
 
     /// The query plan SQLite chooses for a compiled statement (`EXPLAIN QUERY PLAN`), one
@@ -50,6 +63,26 @@ impl Store {
     pub(crate) fn name_id(&self, role: bool, name: &str) -> Result<Option<i64>> {
         let kind = if role { Kind::Role } else { Kind::Type };
         self.ctx.names.lookup(&self.conn, kind, name)
+    }
+
+    /// Runs `f` in one read transaction: every statement it runs sees the same snapshot,
+    /// and the database's read lock is taken once instead of once per statement.
+    pub(crate) fn read<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
+        let out = f();
+        let end = if out.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        self.conn.prepare_cached(end)?.execute([])?;
+        out
+    }
+
+    /// The release sequence number and type id of each fact released after `after`, in
+    /// release order. (`+?1`: see `steady` in `src/query/watch.rs`.)
+    pub(crate) fn released_types(&self, after: i64) -> Result<Vec<(i64, i64)>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT seq, type_id FROM fact WHERE seq > +?1 ORDER BY seq")?;
+        let rows = stmt.query_map([after], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// The highest release sequence number (0 when empty), read from the end of the
