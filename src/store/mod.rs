@@ -4,6 +4,8 @@
 //! beside SQLite without touching callers.
 
 mod names;
+#[cfg(test)]
+mod plans;
 mod query;
 mod queue;
 mod read;
