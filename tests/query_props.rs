@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use precedent::query::value::{SortKey, sort_key};
+use precedent::query::value::{Number, SortKey, sort_key};
 use precedent::query::{Change, Condition, Givens, Match, Projection, Query, QueryRow, SortBy};
 use precedent::{Fact, FactHash, Store, Value};
 use proptest::prelude::*;
@@ -248,9 +248,9 @@ impl<'a> Naive<'a> {
                     ),
                     SortBy::Seq(l) => {
                         let s = |e: &Env<'a>| {
-                            precedent::query::value::SortKey::Number(
-                                self.seq[&Self::get(e, &l.name).hash()] as f64,
-                            )
+                            SortKey::Number(Number::Int(
+                                self.seq[&Self::get(e, &l.name).hash()] as i64,
+                            ))
                         };
                         (s(x), s(y))
                     }
@@ -456,7 +456,9 @@ fn a_limited_watch_keeps_the_first_results() {
     store.insert(&o20).unwrap();
     let changes = watch.poll(&store).unwrap();
     assert_eq!(described(&changes), ["+20", "-12"]);
-    assert!(matches!(&changes[0], Change::Added(r) if r.order == [SortKey::Number(20.0)]));
+    assert!(
+        matches!(&changes[0], Change::Added(r) if r.order == [SortKey::Number(Number::Int(20))])
+    );
     assert_eq!(totals(&watch), ["30", "20"]);
     // 1 sorts after both: nothing changes.
     store.insert(&order(1)).unwrap();
@@ -473,6 +475,38 @@ fn a_limited_watch_keeps_the_first_results() {
         watch.results().into_iter().cloned().collect::<Vec<_>>(),
         store.query(&q, &givens).unwrap()
     );
+}
+
+/// Integers past 2^53 are ordered exactly, as SQLite orders them, not as floats (which
+/// would tie 2^53 and 2^53 + 1 and keep the older result).
+#[test]
+fn a_limited_watch_orders_large_integers_exactly() {
+    let mut store = Store::open_in_memory().unwrap();
+    let shop = Fact::builder("Shop").build().unwrap();
+    let order = |total: i64| {
+        Fact::builder("Shop.Order")
+            .field("total", total)
+            .predecessor("shop", shop.hash())
+            .build()
+            .unwrap()
+    };
+    let big = 1i64 << 53;
+    store
+        .insert_batch(vec![shop.clone(), order(big + 1)])
+        .unwrap();
+    let q = Query::parse(
+        "given s: Shop match o: Shop.Order where o->shop = s order by o.total limit 1
+         select o.total",
+    )
+    .unwrap();
+    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let mut watch = store.watch(&q, &givens).unwrap();
+    store.insert(&order(big)).unwrap();
+    let changes = watch.poll(&store).unwrap();
+    assert_eq!(changes.len(), 2, "{changes:?}");
+    let kept: Vec<_> = watch.results().into_iter().cloned().collect();
+    assert_eq!(kept, store.query(&q, &givens).unwrap());
+    assert_eq!(kept[0].value.to_json().to_string(), big.to_string());
 }
 
 /// A fact that joins a child collection of a kept result updates that result, with its

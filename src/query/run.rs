@@ -9,7 +9,7 @@ use serde_json::{Map, Value as Json};
 use super::QueryError;
 use super::model::*;
 use super::sql::{self, After, Bind, Node, Param, Plan, Shape};
-use super::value::{SortKey, sort_key};
+use super::value::{Number, SortKey, sort_key};
 use crate::error::Result;
 use crate::fact::{Fact, Value};
 use crate::hash::FactHash;
@@ -235,7 +235,7 @@ impl Store {
             .iter()
             .map(|k| match &k.by {
                 SortBy::Field(l, f) => sort_key(decoded(env, &l.name).field(f)),
-                SortBy::Seq(l) => SortKey::Number(env[&l.name].seq as f64),
+                SortBy::Seq(l) => SortKey::Number(Number::Int(env[&l.name].seq)),
             })
             .collect();
         Ok(QueryRow {
@@ -401,7 +401,8 @@ pub(crate) fn top_plan_after(
         .iter()
         .map(|k| match k {
             SortKey::Null => After::Null,
-            SortKey::Number(n) => After::Value(Param::Real(*n)),
+            SortKey::Number(Number::Int(n)) => After::Value(Param::Int(*n)),
+            SortKey::Number(Number::Real(n)) => After::Value(Param::Real(*n)),
             SortKey::Text(t) => After::Value(Param::Text(String::from_utf8_lossy(t).into())),
             SortKey::Bytes(b) => After::Value(Param::Blob(b.clone())),
         })

@@ -128,18 +128,79 @@ pub enum SortKey {
     /// Missing or not orderable.
     Null,
     /// A number.
-    Number(f64),
+    Number(Number),
     /// Text, compared by UTF-8 bytes.
     Text(Vec<u8>),
     /// Bytes.
     Bytes(Vec<u8>),
 }
 
+/// A number as SQLite holds it, and compares it: a 64-bit integer or a binary64 float,
+/// an integer and a float compared exactly (not by converting the integer to a float,
+/// which would make 2^53 and 2^53 + 1 equal).
+#[derive(Clone, Copy, Debug)]
+pub enum Number {
+    /// A 64-bit integer.
+    Int(i64),
+    /// A float (an integer beyond 64 bits is one, as SQLite receives it).
+    Real(f64),
+}
+
+impl Number {
+    /// The number of an integer field value: a float beyond the 64-bit range.
+    pub fn of_integer(i: i128) -> Number {
+        i64::try_from(i).map_or(Number::Real(i as f64), Number::Int)
+    }
+}
+
+impl PartialEq for Number {
+    fn eq(&self, other: &Number) -> bool {
+        self.partial_cmp(other) == Some(Ordering::Equal)
+    }
+}
+
+impl PartialOrd for Number {
+    fn partial_cmp(&self, other: &Number) -> Option<Ordering> {
+        match (*self, *other) {
+            (Number::Int(a), Number::Int(b)) => Some(a.cmp(&b)),
+            (Number::Real(a), Number::Real(b)) => a.partial_cmp(&b),
+            (Number::Int(a), Number::Real(b)) => int_real(a, b),
+            (Number::Real(a), Number::Int(b)) => int_real(b, a).map(Ordering::reverse),
+        }
+    }
+}
+
+/// Where the integer `i` sorts against the float `f`, exactly.
+fn int_real(i: i64, f: f64) -> Option<Ordering> {
+    if f.is_nan() {
+        return None;
+    }
+    // 2^63 is exact in binary64; every float at or beyond it exceeds every i64.
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    if f >= TWO_63 {
+        return Some(Ordering::Less);
+    }
+    if f < -TWO_63 {
+        return Some(Ordering::Greater);
+    }
+    // In range, the integer part of f is an i64 exactly.
+    let whole = f.trunc();
+    Some(i.cmp(&(whole as i64)).then_with(|| {
+        if f > whole {
+            Ordering::Less
+        } else if f < whole {
+            Ordering::Greater
+        } else {
+            Ordering::Equal
+        }
+    }))
+}
+
 /// The sort key of a field value.
 pub fn sort_key(field: Option<&Value>) -> SortKey {
     match field {
-        Some(Value::Integer(i)) => SortKey::Number(*i as f64),
-        Some(Value::Float(f)) => SortKey::Number(*f),
+        Some(Value::Integer(i)) => SortKey::Number(Number::of_integer(*i)),
+        Some(Value::Float(f)) => SortKey::Number(Number::Real(*f)),
         Some(Value::Text(t)) => SortKey::Text(t.as_bytes().to_vec()),
         Some(Value::Bytes(b)) => SortKey::Bytes(b.clone()),
         _ => SortKey::Null,
@@ -192,5 +253,58 @@ mod tests {
             Op::Lt,
             &Value::Text("a".into())
         ));
+    }
+
+    #[test]
+    fn numbers_compare_exactly_across_integers_and_floats() {
+        use std::cmp::Ordering::{Equal, Greater, Less};
+        let two_53 = 1i64 << 53;
+        let cases = [
+            (
+                Number::Int(two_53 + 1),
+                Number::Real(two_53 as f64),
+                Greater,
+            ),
+            (Number::Int(two_53), Number::Real(two_53 as f64), Equal),
+            (
+                Number::Int(i64::MAX),
+                Number::Real(9_223_372_036_854_775_808.0),
+                Less,
+            ),
+            (
+                Number::Int(i64::MIN),
+                Number::Real(-9_223_372_036_854_775_808.0),
+                Equal,
+            ),
+            (
+                Number::Int(i64::MIN),
+                Number::Real(f64::NEG_INFINITY),
+                Greater,
+            ),
+            (Number::Int(-1), Number::Real(-1.5), Greater),
+            (Number::Int(-2), Number::Real(-1.5), Less),
+            (Number::Int(1), Number::Real(1.5), Less),
+            (Number::Int(2), Number::Real(1.5), Greater),
+            (Number::Int(0), Number::Real(-0.0), Equal),
+            (Number::Int(two_53 + 1), Number::Int(two_53), Greater),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(a.partial_cmp(&b), Some(want), "{a:?} against {b:?}");
+            assert_eq!(
+                b.partial_cmp(&a),
+                Some(want.reverse()),
+                "{b:?} against {a:?}"
+            );
+        }
+        assert_eq!(Number::Int(0).partial_cmp(&Number::Real(f64::NAN)), None);
+        // Integers beyond 64 bits reach SQLite as floats, and sort as such.
+        assert_eq!(
+            sort_key(Some(&Value::Integer(u64::MAX as i128))),
+            SortKey::Number(Number::Real(u64::MAX as f64))
+        );
+        assert!(
+            sort_key(Some(&Value::Integer(two_53 as i128 + 1)))
+                > sort_key(Some(&Value::Integer(two_53 as i128)))
+        );
     }
 }

@@ -276,7 +276,10 @@ impl Watch {
             let row = QueryRow {
                 key,
                 value: super::run::Projected::Seq(0),
-                order: vec![super::value::SortKey::Number(0.0); self.query.order.len()],
+                order: vec![
+                    super::value::SortKey::Number(super::value::Number::Int(0));
+                    self.query.order.len()
+                ],
             };
             let plan = steady(super::run::top_plan_after(
                 &self.query,
