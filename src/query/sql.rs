@@ -440,78 +440,7 @@ pub(crate) fn compile(
     conds: &[&Condition],
     shape: &Shape<'_>,
 ) -> Result<Plan, QueryError> {
-    let mut c = Compiler::default();
-    c.rows.extend(shape.output.iter().cloned());
-    for k in shape.order {
-        if let SortBy::Field(l, _) = &k.by {
-            c.rows.insert(l.name.clone());
-        }
-    }
-    labels_with_fields(conds, &mut c.rows);
-    let (mut from, mut wh) = (Vec::new(), Vec::new());
-    let mut scope = HashMap::new();
-    let multi = c.block(nodes, conds, &mut scope, &mut from, &mut wh)?;
-    let cols: Vec<String> = shape
-        .output
-        .iter()
-        .map(|l| {
-            let f = scope[l].fact();
-            format!("{f}.seq, {f}.hash, {f}.bytes")
-        })
-        .collect();
-    let mut keys = Vec::new();
-    for k in shape.order {
-        let dir = if k.descending { " DESC" } else { "" };
-        match &k.by {
-            SortBy::Field(l, field) => {
-                let p = c.param(Param::Text(field.clone()));
-                keys.push(format!(
-                    "pq_field({}.bytes, {p}){dir}",
-                    scope[&l.name].fact()
-                ));
-            }
-            SortBy::Seq(l) => keys.push(format!("{}{dir}", scope[&l.name].seq)),
-        }
-    }
-    keys.extend(shape.output.iter().map(|l| scope[l].seq.clone()));
-    let mut sql = format!(
-        "SELECT {}{} FROM {}",
-        if multi || shape.distinct {
-            "DISTINCT "
-        } else {
-            ""
-        },
-        cols.join(", "),
-        from.join(" CROSS JOIN ")
-    );
-    if !wh.is_empty() {
-        sql.push_str(" WHERE ");
-        sql.push_str(&wh.join(" AND "));
-    }
-    if !keys.is_empty() {
-        sql.push_str(" ORDER BY ");
-        sql.push_str(&keys.join(", "));
-    }
-    if let Some(n) = shape.limit {
-        let p = c.param(Param::Int(n.min(i64::MAX as u64) as i64));
-        sql.push_str(&format!(" LIMIT {p}"));
-    }
-    Ok(Plan {
-        sql,
-        params: c.params,
-        labels: shape.output.clone(),
-        types: shape
-            .output
-            .iter()
-            .map(|l| {
-                nodes
-                    .iter()
-                    .find(|n| &n.label == l)
-                    .map(|n| n.type_name.clone())
-                    .unwrap_or_default()
-            })
-            .collect(),
-    })
+    compile_keyset(nodes, conds, shape, None)
 }
 
 /// One key of a keyset: where a row must sort after.
@@ -533,6 +462,16 @@ pub(crate) fn compile_after(
     shape: &Shape<'_>,
     after: &[After],
 ) -> Result<Plan, QueryError> {
+    compile_keyset(nodes, conds, shape, Some(after))
+}
+
+/// [`compile`], and with `after` [`compile_after`].
+fn compile_keyset(
+    nodes: &[Node],
+    conds: &[&Condition],
+    shape: &Shape<'_>,
+    after: Option<&[After]>,
+) -> Result<Plan, QueryError> {
     let mut c = Compiler::default();
     c.rows.extend(shape.output.iter().cloned());
     for k in shape.order {
@@ -544,7 +483,15 @@ pub(crate) fn compile_after(
     let (mut from, mut wh) = (Vec::new(), Vec::new());
     let mut scope = HashMap::new();
     let multi = c.block(nodes, conds, &mut scope, &mut from, &mut wh)?;
-    // (expression, descending) of each ordering key.
+    let cols: Vec<String> = shape
+        .output
+        .iter()
+        .map(|l| {
+            let f = scope[l].fact();
+            format!("{f}.seq, {f}.hash, {f}.bytes")
+        })
+        .collect();
+    // (expression, descending) of each ordering key, then each output label's seq.
     let mut keys: Vec<(String, bool)> = Vec::new();
     for k in shape.order {
         match &k.by {
@@ -559,48 +506,48 @@ pub(crate) fn compile_after(
         }
     }
     keys.extend(shape.output.iter().map(|l| (scope[l].seq.clone(), false)));
-    // (k1 after v1) OR (k1 IS v1 AND ((k2 after v2) OR (k2 IS v2 AND ...))).
-    let mut cond = "0".to_string();
-    for ((e, desc), a) in keys.iter().zip(after).rev() {
-        let (later, same) = match a {
-            After::Null if *desc => ("0".to_string(), format!("{e} IS NULL")),
-            After::Null => (format!("{e} IS NOT NULL"), format!("{e} IS NULL")),
-            After::Value(v) => {
-                let p = c.param(v.clone());
-                if *desc {
-                    (format!("({e} < {p} OR {e} IS NULL)"), format!("{e} = {p}"))
-                } else {
-                    (format!("{e} > {p}"), format!("{e} = {p}"))
+    if let Some(after) = after {
+        // (k1 after v1) OR (k1 IS v1 AND ((k2 after v2) OR (k2 IS v2 AND ...))).
+        let mut cond = "0".to_string();
+        for ((e, desc), a) in keys.iter().zip(after).rev() {
+            let (later, same) = match a {
+                After::Null if *desc => ("0".to_string(), format!("{e} IS NULL")),
+                After::Null => (format!("{e} IS NOT NULL"), format!("{e} IS NULL")),
+                After::Value(v) => {
+                    let p = c.param(v.clone());
+                    if *desc {
+                        (format!("({e} < {p} OR {e} IS NULL)"), format!("{e} = {p}"))
+                    } else {
+                        (format!("{e} > {p}"), format!("{e} = {p}"))
+                    }
                 }
-            }
-        };
-        cond = format!("({later} OR ({same} AND {cond}))");
+            };
+            cond = format!("({later} OR ({same} AND {cond}))");
+        }
+        wh.push(cond);
     }
-    wh.push(cond);
-    let cols: Vec<String> = shape
-        .output
-        .iter()
-        .map(|l| {
-            let f = scope[l].fact();
-            format!("{f}.seq, {f}.hash, {f}.bytes")
-        })
-        .collect();
-    let order: Vec<String> = keys
-        .iter()
-        .map(|(e, desc)| format!("{e}{}", if *desc { " DESC" } else { "" }))
-        .collect();
     let mut sql = format!(
-        "SELECT {}{} FROM {} WHERE {} ORDER BY {}",
+        "SELECT {}{} FROM {}",
         if multi || shape.distinct {
             "DISTINCT "
         } else {
             ""
         },
         cols.join(", "),
-        from.join(" CROSS JOIN "),
-        wh.join(" AND "),
-        order.join(", ")
+        from.join(" CROSS JOIN ")
     );
+    if !wh.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&wh.join(" AND "));
+    }
+    if !keys.is_empty() {
+        let order: Vec<String> = keys
+            .iter()
+            .map(|(e, desc)| format!("{e}{}", if *desc { " DESC" } else { "" }))
+            .collect();
+        sql.push_str(" ORDER BY ");
+        sql.push_str(&order.join(", "));
+    }
     if let Some(n) = shape.limit {
         let p = c.param(Param::Int(n.min(i64::MAX as u64) as i64));
         sql.push_str(&format!(" LIMIT {p}"));
