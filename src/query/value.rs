@@ -74,12 +74,39 @@ pub fn compare(a: &Value, b: &Value) -> Option<Ordering> {
     match (a, b) {
         (Value::Integer(x), Value::Integer(y)) => Some(x.cmp(y)),
         (Value::Float(x), Value::Float(y)) => x.partial_cmp(y),
-        (Value::Integer(x), Value::Float(y)) => (*x as f64).partial_cmp(y),
-        (Value::Float(x), Value::Integer(y)) => x.partial_cmp(&(*y as f64)),
+        (Value::Integer(x), Value::Float(y)) => integer_float(*x, *y),
+        (Value::Float(x), Value::Integer(y)) => integer_float(*y, *x).map(Ordering::reverse),
         (Value::Text(x), Value::Text(y)) => Some(x.as_bytes().cmp(y.as_bytes())),
         (Value::Bytes(x), Value::Bytes(y)) => Some(x.cmp(y)),
         _ => None,
     }
+}
+
+/// Where the integer `i` sorts against the float `f`, exactly: converting `i` to a float
+/// would make 2^53 + 1 equal to 2^53.
+fn integer_float(i: i128, f: f64) -> Option<Ordering> {
+    if f.is_nan() {
+        return None;
+    }
+    // 2^127 is exact in binary64; every float at or beyond it exceeds every field integer.
+    const TWO_127: f64 = 170_141_183_460_469_231_731_687_303_715_884_105_728.0;
+    if f >= TWO_127 {
+        return Some(Ordering::Less);
+    }
+    if f < -TWO_127 {
+        return Some(Ordering::Greater);
+    }
+    // In range, the integer part of f is an i128 exactly.
+    let whole = f.trunc();
+    Some(i.cmp(&(whole as i128)).then_with(|| {
+        if f > whole {
+            Ordering::Less
+        } else if f < whole {
+            Ordering::Greater
+        } else {
+            Ordering::Equal
+        }
+    }))
 }
 
 /// Equality as predicates see it: numeric across integers and floats, otherwise
@@ -164,36 +191,10 @@ impl PartialOrd for Number {
         match (*self, *other) {
             (Number::Int(a), Number::Int(b)) => Some(a.cmp(&b)),
             (Number::Real(a), Number::Real(b)) => a.partial_cmp(&b),
-            (Number::Int(a), Number::Real(b)) => int_real(a, b),
-            (Number::Real(a), Number::Int(b)) => int_real(b, a).map(Ordering::reverse),
+            (Number::Int(a), Number::Real(b)) => integer_float(a.into(), b),
+            (Number::Real(a), Number::Int(b)) => integer_float(b.into(), a).map(Ordering::reverse),
         }
     }
-}
-
-/// Where the integer `i` sorts against the float `f`, exactly.
-fn int_real(i: i64, f: f64) -> Option<Ordering> {
-    if f.is_nan() {
-        return None;
-    }
-    // 2^63 is exact in binary64; every float at or beyond it exceeds every i64.
-    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
-    if f >= TWO_63 {
-        return Some(Ordering::Less);
-    }
-    if f < -TWO_63 {
-        return Some(Ordering::Greater);
-    }
-    // In range, the integer part of f is an i64 exactly.
-    let whole = f.trunc();
-    Some(i.cmp(&(whole as i64)).then_with(|| {
-        if f > whole {
-            Ordering::Less
-        } else if f < whole {
-            Ordering::Greater
-        } else {
-            Ordering::Equal
-        }
-    }))
 }
 
 /// The sort key of a field value.
@@ -297,6 +298,22 @@ mod tests {
             );
         }
         assert_eq!(Number::Int(0).partial_cmp(&Number::Real(f64::NAN)), None);
+        // Predicates compare field integers (to 2^64) with floats exactly too.
+        let big = Value::Integer((1i128 << 53) + 1);
+        assert!(test(Some(&big), Op::Gt, &Value::Float((1u64 << 53) as f64)));
+        assert!(!test(
+            Some(&big),
+            Op::Eq,
+            &Value::Float((1u64 << 53) as f64)
+        ));
+        let max = Value::Integer(u64::MAX as i128);
+        assert!(test(
+            Some(&max),
+            Op::Lt,
+            &Value::Float(18_446_744_073_709_551_616.0)
+        ));
+        assert!(test(Some(&Value::Integer(-1)), Op::Gt, &Value::Float(-1.5)));
+        assert!(test(Some(&Value::Float(2.0)), Op::Eq, &Value::Integer(2)));
         // Integers beyond 64 bits reach SQLite as floats, and sort as such.
         assert_eq!(
             sort_key(Some(&Value::Integer(u64::MAX as i128))),
