@@ -140,19 +140,8 @@ impl Compiler {
         from: &mut Vec<String>,
         wh: &mut Vec<String>,
     ) -> String {
-        let mut cur = start;
-        for (i, role) in roles.iter().enumerate() {
-            let e = self.alias("e");
-            let r = self.param(Param::Role(role.clone()));
-            from.push(format!("edge {e}"));
-            let mut term = format!("{e}.successor = {cur} AND {e}.role_id = {r}");
-            if let Some(t) = last_type.filter(|_| i + 1 == roles.len()) {
-                term.push_str(&format!(" AND {e}.predecessor_type = {t}"));
-            }
-            wh.push(term);
-            cur = format!("{e}.predecessor");
-        }
-        cur
+        let step = ("successor", "predecessor", "predecessor_type");
+        self.walk(start, roles.iter(), step, last_type, from, wh)
     }
 
     /// Walks from `start` down to successors through `roles` taken last to first. With
@@ -166,17 +155,35 @@ impl Compiler {
         from: &mut Vec<String>,
         wh: &mut Vec<String>,
     ) -> String {
+        let step = ("predecessor", "successor", "successor_type");
+        self.walk(start, roles.iter().rev(), step, last_type, from, wh)
+    }
+
+    /// One edge per role, each joined at its `step.0` column to the seq reached so far
+    /// and reaching its `step.1` column; the last edge checks `step.2` against
+    /// `last_type`.
+    fn walk<'r>(
+        &mut self,
+        start: String,
+        roles: impl ExactSizeIterator<Item = &'r String>,
+        step: (&str, &str, &str),
+        last_type: Option<&str>,
+        from: &mut Vec<String>,
+        wh: &mut Vec<String>,
+    ) -> String {
+        let (joined, reached, type_col) = step;
+        let last = roles.len();
         let mut cur = start;
-        for (i, role) in roles.iter().rev().enumerate() {
+        for (i, role) in roles.enumerate() {
             let e = self.alias("e");
             let r = self.param(Param::Role(role.clone()));
             from.push(format!("edge {e}"));
-            let mut term = format!("{e}.predecessor = {cur} AND {e}.role_id = {r}");
-            if let Some(t) = last_type.filter(|_| i + 1 == roles.len()) {
-                term.push_str(&format!(" AND {e}.successor_type = {t}"));
+            let mut term = format!("{e}.{joined} = {cur} AND {e}.role_id = {r}");
+            if let Some(t) = last_type.filter(|_| i + 1 == last) {
+                term.push_str(&format!(" AND {e}.{type_col} = {t}"));
             }
             wh.push(term);
-            cur = format!("{e}.successor");
+            cur = format!("{e}.{reached}");
         }
         cur
     }
