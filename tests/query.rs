@@ -120,6 +120,26 @@ fn every_documented_example_prints_its_documented_output() {
     }
 }
 
+/// Running the documented examples again prepares no statement again: compiled
+/// statements (child collections' ones included, which run once per result) stay
+/// prepared in the connection's cache from one run to the next.
+#[test]
+fn queries_run_again_prepare_no_statement_again() {
+    let (store, givens) = documented_store();
+    let run_all = || {
+        for (text, _) in documented_examples() {
+            let q = Query::parse(&text).unwrap();
+            store.query(&q, &givens_for(&q, &givens)).unwrap();
+        }
+    };
+    run_all();
+    let before = store.query_reprepares();
+    for _ in 0..3 {
+        run_all();
+    }
+    assert_eq!(store.query_reprepares() - before, 0);
+}
+
 #[test]
 fn every_documented_example_searches_indexes_and_never_scans() {
     let (store, givens) = documented_store();

@@ -119,9 +119,16 @@ fn labels_with_fields(conds: &[&Condition], out: &mut HashSet<String>) {
 }
 
 impl Compiler {
+    /// Adds a parameter; returns how the statement names it: `+?N`, behind a unary plus
+    /// (a no-op on any value), so that SQLite's planner does not mark the parameter as
+    /// one it looked at. A marked parameter expires the statement when its bindings are
+    /// cleared, which rusqlite does each time a statement goes back into its cache, so
+    /// every run would prepare the statement again (see `steady` in `watch/inverse.rs`).
+    /// Compiled statements fix their join order and indexes themselves, so the plan is
+    /// the same.
     fn param(&mut self, p: Param) -> String {
         self.params.push(p);
-        format!("?{}", self.params.len())
+        format!("+?{}", self.params.len())
     }
 
     fn alias(&mut self, prefix: &str) -> String {
