@@ -274,22 +274,35 @@ fn held_facts_of_a_version_3_database_release_after_migration() {
     let path = dir.path().join("v3.db");
     let facts = chain(5);
     {
-        let mut s = Store::open(&path).unwrap();
-        s.insert_batch(facts[1..].to_vec()).unwrap();
-        assert_eq!(s.stats().unwrap().held, 4);
-    }
-    {
-        // Undo version 4: move its waits back into held_wait, as version 3 wrote them.
+        // Version 3 as its migrations wrote it, holding facts 1 to 4 of the chain, each
+        // waiting for the one before it by hash.
         let conn = rusqlite::Connection::open(&path).unwrap();
+        for sql in [
+            include_str!("../schema/001_initial.sql"),
+            include_str!("../schema/002_queues.sql"),
+            include_str!("../schema/003_sync.sql"),
+        ] {
+            conn.execute_batch(sql).unwrap();
+        }
+        for (i, f) in facts.iter().enumerate().skip(1) {
+            conn.execute(
+                "INSERT INTO held (id, hash, bytes, missing, held_at) VALUES (?1, ?2, ?3, 1, 0)",
+                rusqlite::params![i as i64, &f.hash().0[..], f.canonical_bytes()],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO held_wait (missing, waiter) VALUES (?1, ?2)",
+                rusqlite::params![&facts[i - 1].hash().0[..], i as i64],
+            )
+            .unwrap();
+        }
         conn.execute_batch(
-            "INSERT INTO held_wait (missing, waiter)
-               SELECT h.hash, c.waiter FROM held_child c JOIN held h ON h.id = c.parent;
-             DROP TABLE held_child;
-             PRAGMA user_version = 3;",
+            "UPDATE counter SET value = 4 WHERE name = 'held'; PRAGMA user_version = 3;",
         )
         .unwrap();
     }
     let mut s = Store::open(&path).unwrap();
+    assert_eq!(s.stats().unwrap().held, 4);
     assert!(s.verify(|_| {}).unwrap().is_clean());
     assert_eq!(s.insert(&facts[0]).unwrap().released(), 5);
     assert_eq!(s.stats().unwrap().held, 0);

@@ -55,6 +55,80 @@ fn two_nodes_converge_both_ways() {
     assert!(peer.last_sync_ms.is_some() && peer.last_error.is_none());
 }
 
+/// The database behind a URL is replaced by another (a server reset, or another server on
+/// the same port): the client notices by the store identity the server reports, its
+/// bookmarks start again from 0, and both sides end with everything. Without the identity
+/// the stale bookmarks would skip the new database's first facts and never push again.
+#[test]
+fn a_replaced_database_behind_the_same_url_is_synced_from_the_start() {
+    let (old, new, client_node) = (Node::new(), Node::new(), Node::new());
+    old.store().insert_batch(chain(40)).unwrap();
+    let root = fact("Mine", 0, &[]);
+    let mut mine = vec![root.clone()];
+    mine.extend(tree("Mine", &root, 30));
+    client_node.store().insert_batch(mine).unwrap();
+    let fresh = fact("Fresh", 0, &[]);
+    let mut theirs = vec![fresh.clone()];
+    theirs.extend(tree("Fresh", &fresh, 10));
+    new.store().insert_batch(theirs).unwrap();
+
+    let server = old.serve();
+    let (url, addr) = (server.url(), server.addr());
+    let client = Client::new(&url, ClientOptions::default()).unwrap();
+    let mut cs = client_node.store();
+    let first = client
+        .sync(&mut cs, &SyncOptions::default(), &mut |_| {})
+        .unwrap();
+    assert!(!first.replaced);
+    assert_converged(&[&old, &client_node]);
+    let before = cs.peer(&url).unwrap().unwrap();
+    assert!(
+        before.pull_after > 11 && before.push_after > 0,
+        "{before:?}"
+    );
+    server.stop().unwrap();
+
+    // The new database, served at the same address.
+    let server = new.serve_with(|c| c.listen = addr);
+    assert_eq!(server.url(), url);
+    let second = client
+        .sync(&mut cs, &SyncOptions::default(), &mut |_| {})
+        .unwrap();
+    assert!(second.replaced, "{second:?}");
+    assert_eq!(second.inserted, 11, "{second:?}");
+    assert_converged(&[&new, &client_node]);
+    // And from then on the bookmarks are those of the new database.
+    let third = client
+        .sync(&mut cs, &SyncOptions::default(), &mut |_| {})
+        .unwrap();
+    assert!(!third.replaced);
+    assert_eq!((third.inserted, third.pushed), (0, 0), "{third:?}");
+}
+
+/// Push alone notices a replaced database too: the first answer's identity differs, the
+/// push bookmark goes back to 0, and everything is pushed to the new database.
+#[test]
+fn a_push_to_a_replaced_database_pushes_everything_again() {
+    let (old, new, client_node) = (Node::new(), Node::new(), Node::new());
+    let mut cs = client_node.store();
+    cs.insert_batch(chain(25)).unwrap();
+    let server = old.serve();
+    let (url, addr) = (server.url(), server.addr());
+    let client = Client::new(&url, ClientOptions::default()).unwrap();
+    let push = SyncOptions {
+        direction: Direction::Push,
+        ..SyncOptions::default()
+    };
+    assert_eq!(client.sync(&mut cs, &push, &mut |_| {}).unwrap().pushed, 25);
+    cs.insert_batch(vec![fact("Later", 1, &[])]).unwrap();
+    server.stop().unwrap();
+    let server = new.serve_with(|c| c.listen = addr);
+    assert_eq!(server.url(), url);
+    let r = client.sync(&mut cs, &push, &mut |_| {}).unwrap();
+    assert!(r.replaced, "{r:?}");
+    assert_converged(&[&new, &client_node]);
+}
+
 #[test]
 fn three_nodes_in_a_line_converge() {
     let nodes = [Node::new(), Node::new(), Node::new()];

@@ -245,6 +245,7 @@ fn report_json(r: &SyncReport) -> serde_json::Value {
         "held": r.held,
         "quarantined": r.quarantined,
         "remote_seq": r.remote_seq,
+        "replaced": r.replaced,
     })
 }
 
@@ -252,6 +253,9 @@ fn print_report(g: &Global, r: &SyncReport) -> anyhow::Result<()> {
     if g.json {
         say!("{}", report_json(r));
     } else {
+        if r.replaced {
+            say!("the peer's database was replaced since the last sync: synced from the start");
+        }
         say!(
             "pulled {}, fetched {}, pushed {}; inserted {}, released {}, duplicates {}, held {}, quarantined {}",
             r.pulled,

@@ -36,6 +36,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/003_sync.sql"),
     include_str!("../../schema/004_held_set.sql"),
     include_str!("../../schema/005_edge_types.sql"),
+    include_str!("../../schema/006_store_identity.sql"),
 ];
 
 /// The schema version this binary writes.

@@ -86,6 +86,19 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 impl Store {
+    /// This database's identity (32 lowercase hex digits), drawn at random when it was
+    /// created; a sync server reports it (`docs/protocol.md`, "Store identity").
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`].
+    pub fn store_id(&self) -> Result<String> {
+        Ok(self.conn.query_row(
+            "SELECT lower(hex(value)) FROM store_meta WHERE name = 'id'",
+            [],
+            |r| r.get(0),
+        )?)
+    }
+
     /// The highest release sequence number, 0 for an empty store.
     ///
     /// # Errors
@@ -412,6 +425,40 @@ impl Writer<'_> {
             )?
             .execute(params![peer, now_ms(), reason, bytes])?;
         Ok(())
+    }
+
+    /// Checks the identity of the database behind the peer `url`, `store` as its server
+    /// reports it, against the one recorded with the peer's bookmarks. The first one is
+    /// recorded. A different one means the peer's database was replaced: its bookmarks
+    /// start again from 0 (everything is pulled and pushed again; duplicates collapse).
+    /// Returns whether they did.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`].
+    pub fn note_peer_store(&mut self, url: &str, store: &str) -> Result<bool> {
+        self.ensure_peer(url)?;
+        let known: Option<String> = self
+            .connection()
+            .prepare_cached("SELECT remote_store FROM sync_peer WHERE url = ?1")?
+            .query_row([url], |r| r.get(0))?;
+        match known {
+            Some(k) if k == store => Ok(false),
+            None => {
+                self.connection()
+                    .prepare_cached("UPDATE sync_peer SET remote_store = ?2 WHERE url = ?1")?
+                    .execute([url, store])?;
+                Ok(false)
+            }
+            Some(_) => {
+                self.connection()
+                    .prepare_cached(
+                        "UPDATE sync_peer SET remote_store = ?2, pull_after = 0, push_after = 0,
+                                remote_seq = 0 WHERE url = ?1",
+                    )?
+                    .execute([url, store])?;
+                Ok(true)
+            }
+        }
     }
 
     /// Creates the peer's row if it has none.

@@ -107,6 +107,10 @@ pub struct SyncReport {
     pub quarantined: u64,
     /// The remote's highest release sequence when last seen.
     pub remote_seq: i64,
+    /// Whether the database behind the peer's URL turned out to be another one than
+    /// when the bookmarks were written: they started again from 0, and this sync pulled
+    /// and pushed everything (`docs/protocol.md`, "Store identity").
+    pub replaced: bool,
 }
 
 /// One pulled page.
@@ -118,6 +122,8 @@ pub struct PullPage {
     pub max_seq: i64,
     /// The records, in the server's release order; `Err` for an unframeable tail.
     pub records: Vec<std::result::Result<Vec<u8>, FramingError>>,
+    /// The server database's identity ([`wire::HEADER_STORE`]), if it sent one.
+    pub store: Option<String>,
 }
 
 /// A connection to one sync server.
@@ -293,6 +299,7 @@ impl Client {
         let through = header(wire::HEADER_THROUGH)?;
         let max_seq = header(wire::HEADER_MAX_SEQ)?;
         let count = header(wire::HEADER_COUNT)? as u64;
+        let store = store_header(resp.headers());
         if count > limit {
             return Err(self.protocol(format!("page of {count} facts, asked for {limit}")));
         }
@@ -324,6 +331,7 @@ impl Client {
             through,
             max_seq,
             records,
+            store,
         })
     }
 
@@ -338,7 +346,11 @@ impl Client {
                     .post(format!("{}{}", self.base, wire::PATH_FACTS)),
             )
             .header("content-type", wire::CBOR_SEQ);
-        self.read_json(self.check(req.send(body))?)
+        let resp = self.check(req.send(body))?;
+        let store = store_header(resp.headers());
+        let mut report: PushReport = self.read_json(resp)?;
+        report.store = store;
+        Ok(report)
     }
 
     /// Fetches facts by hash; returns the records of those the server has.
@@ -470,7 +482,10 @@ impl Client {
     ) -> Result<()> {
         let key = self.peer_key(&options.roots);
         if options.direction != Direction::Push {
-            self.pull_all(store, &key, &options.roots, wait, report, progress)?;
+            // A replaced peer database restarts the bookmarks: pull again from 0.
+            if self.pull_all(store, &key, &options.roots, wait, report, progress)? {
+                self.pull_all(store, &key, &options.roots, wait, report, progress)?;
+            }
             self.fetch_missing(store, report, progress)?;
         }
         if options.direction != Direction::Pull {
@@ -485,6 +500,8 @@ impl Client {
     /// Pulls pages until the server has nothing more. A reader thread fetches and decodes
     /// the next page while this thread commits the current one; pages are committed in
     /// order, each with its bookmark, so an error or a kill loses at most the pages in flight.
+    /// Returns `true`, having committed nothing, if the first page shows that the database
+    /// behind the URL was replaced (its bookmarks are then back at 0).
     fn pull_all(
         &self,
         store: &mut Store,
@@ -493,7 +510,7 @@ impl Client {
         wait: Duration,
         report: &mut SyncReport,
         progress: &mut dyn FnMut(Progress),
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let start = store.peer(key)?.map_or(0, |p| p.pull_after);
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Decoded>>(1);
         std::thread::scope(|scope| {
@@ -511,6 +528,7 @@ impl Client {
                             last,
                             facts,
                             bad,
+                            store: p.store,
                         }
                     });
                     let stop = decoded.as_ref().map_or(true, |d| d.last);
@@ -523,8 +541,16 @@ impl Client {
                 }
             });
             let mut done = 0;
+            let mut first = true;
             for page in rx {
                 let page = page?;
+                if std::mem::take(&mut first)
+                    && let Some(id) = &page.store
+                    && store.write(|w| w.note_peer_store(key, id))?
+                {
+                    report.replaced = true;
+                    return Ok(true);
+                }
                 report.remote_seq = report.remote_seq.max(page.max_seq);
                 let n = (page.facts.len() + page.bad.len()) as u64;
                 let through = page.through;
@@ -536,7 +562,7 @@ impl Client {
                     total: done + (report.remote_seq - through).max(0) as u64,
                 });
             }
-            Ok(())
+            Ok(false)
         })
     }
 
@@ -677,6 +703,14 @@ impl Client {
                 Err(e) => return Err(e),
             }
             let answer = self.push_records(&body)?;
+            // Pushed to a database that replaced the one the bookmark was written for: the
+            // bookmark is back at 0, and the loop pushes everything again.
+            if let Some(id) = &answer.store
+                && store.write(|w| w.note_peer_store(key, id))?
+            {
+                report.replaced = true;
+                continue;
+            }
             if let Some(r) = answer.rejected.first() {
                 return Err(self.protocol(format!(
                     "server rejected record {} of a push: {}",
@@ -713,6 +747,16 @@ struct Decoded {
     last: bool,
     facts: Vec<Fact>,
     bad: Vec<(String, Vec<u8>)>,
+    store: Option<String>,
+}
+
+/// The [`wire::HEADER_STORE`] header of an answer, if it has a usable one.
+fn store_header(headers: &ureq::http::HeaderMap) -> Option<String> {
+    headers
+        .get(wire::HEADER_STORE)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64)
+        .map(str::to_ascii_lowercase)
 }
 
 /// Splits received records into facts and refused records (reason, bytes).

@@ -36,6 +36,9 @@ pub const HEADER_THROUGH: &str = "precedent-through";
 pub const HEADER_COUNT: &str = "precedent-count";
 /// Pull answer: the server's highest release sequence when the page was cut.
 pub const HEADER_MAX_SEQ: &str = "precedent-max-seq";
+/// Pull and push answers: the identity of the server's database (32 hex digits), which
+/// changes when the database behind the URL is replaced (`Store::store_id`).
+pub const HEADER_STORE: &str = "precedent-store";
 
 /// The body of every error answer.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -87,6 +90,10 @@ pub struct PushReport {
     pub rejected: Vec<Rejected>,
     /// Valid facts refused because the server's held-fact bound is reached.
     pub refused: Vec<String>,
+    /// The server database's identity, from the answer's [`HEADER_STORE`] header (not
+    /// part of the JSON body).
+    #[serde(skip)]
+    pub store: Option<String>,
     /// Hashes that held facts on the server wait for and that it does not have at all
     /// (at most 1,000).
     pub missing: Vec<String>,

@@ -49,6 +49,8 @@ pub(super) struct App {
     /// The digest of the released set, brought up to date incrementally.
     pub(super) digest: Mutex<SetDigest>,
     pub(super) shutdown: watch::Receiver<bool>,
+    /// The served database's identity (`precedent-store` header).
+    pub(super) store_id: HeaderValue,
 }
 
 impl App {

@@ -101,6 +101,8 @@ pub struct Server {
     listener: TcpListener,
     config: ServerConfig,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The served database's identity, reported in every pull and push answer.
+    store_id: String,
 }
 
 impl Server {
@@ -111,7 +113,7 @@ impl Server {
     /// [`Error::Io`] if the address cannot be bound; [`Error::SyncConfig`] for bad TLS
     /// files; store errors from opening the database.
     pub async fn bind(config: ServerConfig) -> Result<Server> {
-        drop(Store::open_with(&config.db, config.store_options.clone())?);
+        let store_id = Store::open_with(&config.db, config.store_options.clone())?.store_id()?;
         let tls = match &config.tls {
             Some((cert, key)) => Some(tls_acceptor(cert, key)?),
             None => None,
@@ -121,6 +123,7 @@ impl Server {
             listener,
             config,
             tls,
+            store_id,
         })
     }
 
@@ -151,6 +154,8 @@ impl Server {
             metrics: Metrics::default(),
             digest: Mutex::new(SetDigest::default()),
             shutdown: stop_rx,
+            store_id: axum::http::HeaderValue::from_str(&self.store_id)
+                .expect("hex is a header value"),
         });
         let router = router(app.clone());
         let connections = Arc::new(Semaphore::new(self.config.limits.max_connections));

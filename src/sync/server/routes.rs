@@ -256,6 +256,7 @@ async fn pull(
     h.insert(wire::HEADER_THROUGH, HeaderValue::from(page.through));
     h.insert(wire::HEADER_COUNT, HeaderValue::from(page.count));
     h.insert(wire::HEADER_MAX_SEQ, HeaderValue::from(page.max_seq));
+    h.insert(wire::HEADER_STORE, app.store_id.clone());
     Ok(r)
 }
 
@@ -436,11 +437,15 @@ async fn push(
                         .collect(),
                     refused: batch.refused.iter().map(|h| h.to_string()).collect(),
                     missing: missing.iter().map(|h| h.to_string()).collect(),
+                    store: None,
                 })
             })
         })
         .await?;
-    Ok(json_response(&report))
+    let mut r = json_response(&report);
+    r.headers_mut()
+        .insert(wire::HEADER_STORE, app.store_id.clone());
+    Ok(r)
 }
 
 async fn fetch(
