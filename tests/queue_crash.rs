@@ -20,7 +20,7 @@ use rand::{RngExt, SeedableRng};
 use serde_json::Value as Json;
 
 const BIN: &str = env!("CARGO_BIN_EXE_precedent");
-const INPUTS: usize = 300;
+const INPUTS: usize = 1_500;
 const KILLS: usize = 50;
 
 /// A handler that prints an `Effect` fact naming its input and carrying the attempt.
