@@ -205,7 +205,9 @@ impl<'a> Writer<'a> {
         self.insert_unreleased(fact)
     }
 
-    /// Inserts a fact known not to be released (it may be held already).
+    /// Inserts a fact that may be stored already: held (the held row says so) or
+    /// released (the fact table's unique hash says so, when the fact is inserted); either
+    /// way it is a duplicate and nothing changes.
     fn insert_unreleased(&mut self, fact: &Fact) -> Result<InsertOutcome> {
         let mut preds = Vec::with_capacity(4);
         let mut missing = Vec::new();
