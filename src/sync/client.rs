@@ -680,6 +680,7 @@ impl Client {
     ) -> Result<()> {
         /// A push body is cut at this size, well under the server's default body limit.
         const MAX_BODY: usize = 8 << 20;
+        let mut first = true;
         loop {
             let after = store.peer(key)?.map_or(0, |p| p.push_after);
             let (count, through) = store.release_page(after, self.batch)?;
@@ -704,8 +705,11 @@ impl Client {
             }
             let answer = self.push_records(&body)?;
             // Pushed to a database that replaced the one the bookmark was written for: the
-            // bookmark is back at 0, and the loop pushes everything again.
-            if let Some(id) = &answer.store
+            // bookmark is back at 0, and the loop pushes everything again. The first answer
+            // tells; later ones come from the same server (a write transaction each would
+            // only cost time).
+            if std::mem::take(&mut first)
+                && let Some(id) = &answer.store
                 && store.write(|w| w.note_peer_store(key, id))?
             {
                 report.replaced = true;
