@@ -174,12 +174,64 @@ pub enum Error {
         /// Its type.
         found: String,
     },
-    /// An error from SQLite.
-    #[error("sqlite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    /// An error from the database backend: busy, corrupt, I/O or other (see
+    /// [`BackendError::kind`]).
+    #[error("{0}")]
+    Backend(BackendError),
     /// An I/O error (reading an import file, writing an export).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// Whether this is the backend saying another writer held the database past the busy
+    /// timeout: nothing was written, and the same call may succeed if tried again.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, Error::Backend(b) if b.kind == BackendErrorKind::Busy)
+    }
+}
+
+/// What kind of database failure a [`BackendError`] is: what a caller branches on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendErrorKind {
+    /// Another writer held the database past the busy timeout; retrying may succeed.
+    Busy,
+    /// The database file is damaged or is not a database.
+    Corrupt,
+    /// The operating system failed a read or write (disk full, permissions, I/O error).
+    Io,
+    /// A constraint of the schema refused a write.
+    Constraint,
+    /// A statement that must return a row returned none.
+    NoRow,
+    /// Anything else (a malformed statement, a type mismatch).
+    Other,
+}
+
+/// A failure of the database backend, with the backend's own message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendError {
+    /// What kind of failure.
+    pub kind: BackendErrorKind,
+    /// The backend's message (for SQLite, prefixed `sqlite:`).
+    pub message: String,
+}
+
+impl BackendError {
+    /// A failure of `kind` described by `message`.
+    pub fn new(kind: BackendErrorKind, message: impl Into<String>) -> BackendError {
+        BackendError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 fn list_hashes(hashes: &[FactHash]) -> String {

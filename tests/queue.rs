@@ -10,7 +10,8 @@ use precedent::queue::{
     Completion, FailOutcome, Failure, FieldKind, FieldRequirement, ItemState, Ordering, QueueSpec,
     Semantics, system,
 };
-use precedent::{Error, Fact, FactHash, Store, StoreOptions};
+use precedent::store::{Sql, SqlExt};
+use precedent::{Error, Fact, FactHash, Store, StoreOptions, args};
 use proptest::prelude::*;
 
 const T0: i64 = 1_800_000_000_000;
@@ -93,8 +94,8 @@ fn completion_commits_the_handlers_rows_with_it_or_nothing() {
     let mut s = store_with(&clock);
     s.declare_queue(&orders_spec()).unwrap();
     s.write(|w| {
-        Ok(w.connection()
-            .execute_batch("CREATE TABLE effect (input BLOB PRIMARY KEY)")?)
+        w.sql()
+            .batch("CREATE TABLE effect (input BLOB PRIMARY KEY)")
     })
     .unwrap();
     let a = order(1, &[]);
@@ -102,26 +103,22 @@ fn completion_commits_the_handlers_rows_with_it_or_nothing() {
     let lease = s.claim("ship", 1).unwrap().pop().unwrap();
     // A handler that writes its row but no completion: refused, and its row is gone.
     let r = s.complete(&lease, |w| {
-        w.connection().execute(
-            "INSERT INTO effect VALUES (?1)",
-            [&lease.input.hash().0[..]],
-        )?;
+        w.sql()
+            .execute("INSERT INTO effect VALUES (?1)", args![&lease.input.hash()])?;
         Ok(())
     });
     assert!(matches!(r, Err(Error::NotCompleted { .. })));
     let count = |s: &mut Store| {
         s.write(|w| {
-            Ok(w.connection()
-                .query_row("SELECT count(*) FROM effect", [], |r| r.get::<_, i64>(0))?)
+            w.sql()
+                .query_one("SELECT count(*) FROM effect", args![], |r| r.get::<i64>(0))
         })
         .unwrap()
     };
     assert_eq!(count(&mut s), 0);
     s.complete(&lease, |w| {
-        w.connection().execute(
-            "INSERT INTO effect VALUES (?1)",
-            [&lease.input.hash().0[..]],
-        )?;
+        w.sql()
+            .execute("INSERT INTO effect VALUES (?1)", args![&lease.input.hash()])?;
         w.insert(&lease.completion().field("by", "test").build()?)?;
         Ok(())
     })

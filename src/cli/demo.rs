@@ -124,7 +124,7 @@ fn build() -> precedent::Result<Cast> {
 /// `precedent demo`.
 pub fn demo(g: &Global) -> anyhow::Result<Status> {
     let cast = build()?;
-    let mut store = g.open(true)?;
+    let store = g.open(true)?;
     let h = |name: &str| {
         *cast
             .names

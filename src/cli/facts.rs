@@ -36,7 +36,7 @@ pub fn add(g: &Global, text: Option<String>) -> anyhow::Result<Status> {
         }
     };
     let spec = json::parse(&text)?;
-    let mut store = g.open(true)?;
+    let store = g.open(true)?;
     // Prefixes are resolved and the facts inserted in one transaction, inline
     // predecessors first.
     let (facts, outcomes) = store.write(|w| {

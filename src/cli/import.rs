@@ -60,7 +60,7 @@ pub fn import(
         },
         Format::Cbor => Records::Cbor(CborSeq::new(input, skipped)),
     };
-    let mut store = g.open(true)?;
+    let store = g.open(true)?;
     let limit = g.max_held();
     let mut tally = Tally::default();
     let mut rolled_back = false;
@@ -209,7 +209,7 @@ fn resolve(
         ([], stored) => stored,
         ([one], Err(Error::UnknownPrefix { .. })) => Ok(*one),
         ([one], Ok(h)) if h == *one => Ok(h),
-        (_, Err(e @ (Error::Sqlite(_) | Error::Io(_) | Error::Corrupt { .. }))) => Err(e),
+        (_, Err(e @ (Error::Backend(_) | Error::Io(_) | Error::Corrupt { .. }))) => Err(e),
         (found, stored) => {
             let mut candidates = found.to_vec();
             match stored {
@@ -230,7 +230,7 @@ fn resolve(
 
 /// Errors that are about the database, not the record: they stop the import.
 fn is_fatal(e: &Error) -> bool {
-    matches!(e, Error::Sqlite(_) | Error::Io(_) | Error::Corrupt { .. })
+    matches!(e, Error::Backend(_) | Error::Io(_) | Error::Corrupt { .. })
 }
 
 fn record_error(body: &Body, e: &Error) -> String {

@@ -68,7 +68,7 @@ pub fn exit_code(err: &Error) -> u8 {
         Error::SyncConfig { .. } => exit::INVALID,
         Error::UnknownQueue { .. } => exit::NOT_FOUND,
         Error::Queue { .. } | Error::LeaseLost { .. } | Error::NotCompleted { .. } => exit::INVALID,
-        Error::SchemaTooNew { .. } | Error::Corrupt { .. } | Error::Sqlite(_) | Error::Io(_) => {
+        Error::SchemaTooNew { .. } | Error::Corrupt { .. } | Error::Backend(_) | Error::Io(_) => {
             exit::DATABASE
         }
         _ => exit::DATABASE,

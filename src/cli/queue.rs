@@ -266,7 +266,7 @@ pub fn queue(g: &Global, c: QueueCommand) -> anyhow::Result<Status> {
 }
 
 fn add(g: &Global, a: AddArgs) -> anyhow::Result<Status> {
-    let mut store = g.open(true)?;
+    let store = g.open(true)?;
     let mut spec = QueueSpec::new(&a.name, &a.input, a.done_by);
     if let Some(scope) = &a.scope {
         spec.scope = Some(store.resolve(scope).context("scope")?);
@@ -321,7 +321,7 @@ fn done_by(spec: &QueueSpec) -> String {
 }
 
 fn list(g: &Global) -> anyhow::Result<Status> {
-    let mut store = g.open(false)?;
+    let store = g.open(false)?;
     let specs = store.queues()?;
     if g.json {
         say!("{}", serde_json::to_string(&specs)?);
@@ -485,7 +485,7 @@ pub fn prometheus_text(all: &[QueueStats]) -> String {
 }
 
 fn check(g: &Global, name: Option<&str>) -> anyhow::Result<Status> {
-    let mut store = g.open(false)?;
+    let store = g.open(false)?;
     let breaches = store.queue_check(name)?;
     if g.json {
         say!("{}", serde_json::to_string(&breaches)?);
@@ -510,7 +510,7 @@ fn item_json(i: &ItemInfo) -> Json {
 }
 
 fn items(g: &Global, name: &str, state: Option<StateArg>, limit: usize) -> anyhow::Result<Status> {
-    let mut store = g.open(false)?;
+    let store = g.open(false)?;
     let items = store.queue_items(name, state.map(Into::into), limit)?;
     for i in &items {
         if g.json {

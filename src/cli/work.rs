@@ -65,7 +65,7 @@ struct Shared {
 
 /// `precedent work`.
 pub fn work(g: &Global, args: WorkArgs) -> anyhow::Result<Status> {
-    let mut store = g.open(false)?;
+    let store = g.open(false)?;
     let spec = store
         .queues()?
         .into_iter()
@@ -386,7 +386,7 @@ fn complete(
     match result {
         Ok(n) => Ok(n),
         Err(Error::LeaseLost { .. }) => Err(CompleteError::LeaseLost),
-        Err(e @ (Error::Sqlite(_) | Error::Io(_) | Error::Corrupt { .. })) => {
+        Err(e @ (Error::Backend(_) | Error::Io(_) | Error::Corrupt { .. })) => {
             Err(CompleteError::Store(e))
         }
         Err(e) => Err(CompleteError::Output(format!(

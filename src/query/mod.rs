@@ -25,20 +25,19 @@
 //! # Layout
 //! - [`model`]: the query model, its checks, the builder.
 //! - `parse`: the text syntax (grammar in its docs and in `docs/queries.md`).
-//! - [`value`]: how field predicates compare values and how fields sort.
+//! - [`value`]: how field predicates compare values and how fields sort (the pure
+//!   [`crate::predicate`] module, which the backend also runs inside the database).
 //! - `sql`: compilation to one SQL statement with bound parameters.
-//! - `functions`: the SQLite functions compiled statements call.
 //! - `run`: execution and projections ([`Store::query`](crate::Store::query)).
 //! - [`typed`]: typed facts ([`FactType`], [`Ref`]).
 //! - [`watch`]: live watches ([`Watch`]).
 
-pub(crate) mod functions;
 pub mod model;
 mod parse;
 mod run;
 mod sql;
 pub mod typed;
-pub mod value;
+pub use crate::predicate as value;
 pub mod watch;
 
 use std::fmt;

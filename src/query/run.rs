@@ -3,7 +3,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rusqlite::types::Value as Sql;
 use serde_json::{Map, Value as Json};
 
 use super::QueryError;
@@ -13,7 +12,7 @@ use super::value::{Number, SortKey, sort_key};
 use crate::error::Result;
 use crate::fact::{Fact, Value};
 use crate::hash::FactHash;
-use crate::store::Store;
+use crate::store::{Arg, ReadTx, Row, SqlValue as Sql, Store, ValueRef};
 
 /// The facts a query starts from: given label to hash.
 pub type Givens = HashMap<String, FactHash>;
@@ -113,18 +112,13 @@ pub(crate) fn labels_read(p: &Projection, out: &mut HashSet<String>) {
 
 impl Store {
     /// Runs a query with its givens bound by hash. A given that is not released yields no
-    /// results.
+    /// results. Every result is read from one snapshot.
     ///
     /// # Errors
     /// [`crate::Error::Query`] if a given label is not bound; [`crate::Error::Corrupt`],
-    /// [`crate::Error::Sqlite`].
+    /// [`crate::Error::Backend`].
     pub fn query(&self, query: &Query, givens: &Givens) -> Result<Vec<QueryRow>> {
-        let plan = top_plan(query, givens, None)?;
-        let mut out = Vec::new();
-        for env in self.rows(&plan, &decode_top(query))? {
-            out.push(self.row(query, &env)?);
-        }
-        Ok(out)
+        self.read(|r| Reader(r).query(query, givens))
     }
 
     /// Parses and runs a query in the text syntax.
@@ -142,7 +136,10 @@ impl Store {
     /// As [`Store::query`].
     pub fn explain(&self, query: &Query, givens: &Givens) -> Result<Vec<String>> {
         let plan = top_plan(query, givens, None)?;
-        self.query_plan(&plan.sql, &self.bind(&plan.params)?)
+        self.read(|r| {
+            let r = Reader(r);
+            r.query_plan(&plan.sql, &r.bind(&plan.params)?)
+        })
     }
 
     /// The SQL a query compiles to, with its parameters in order (for tests and tools).
@@ -152,11 +149,64 @@ impl Store {
     pub fn compiled_sql(&self, query: &Query, givens: &Givens) -> Result<(String, Vec<String>)> {
         let plan = top_plan(query, givens, None)?;
         let params = self
-            .bind(&plan.params)?
+            .read(|r| Reader(r).bind(&plan.params))?
             .iter()
             .map(|v| format!("{v:?}"))
             .collect();
         Ok((plan.sql, params))
+    }
+}
+
+/// The query layer's view of one read transaction: compiled statements run through the
+/// store's seam, with the values they bind and read kept backend-neutral.
+pub(crate) struct Reader<'a>(pub(crate) &'a dyn ReadTx);
+
+impl Reader<'_> {
+    /// Runs a query in this transaction (see [`Store::query`]).
+    pub(crate) fn query(&self, query: &Query, givens: &Givens) -> Result<Vec<QueryRow>> {
+        let plan = top_plan(query, givens, None)?;
+        let mut out = Vec::new();
+        for env in self.rows(&plan, &decode_top(query))? {
+            out.push(self.row(query, &env)?);
+        }
+        Ok(out)
+    }
+
+    /// Runs a compiled read-only statement, calling `f` for each row.
+    pub(crate) fn run_query(
+        &self,
+        sql: &str,
+        params: &[Sql],
+        mut f: impl FnMut(&Row<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let args: Vec<Arg<'_>> = params.iter().map(Arg::from).collect();
+        self.0.query(sql, &args, &mut f)
+    }
+
+    /// The plan the database chooses for a compiled statement, one line per step.
+    pub(crate) fn query_plan(&self, sql: &str, params: &[Sql]) -> Result<Vec<String>> {
+        let args: Vec<Arg<'_>> = params.iter().map(Arg::from).collect();
+        self.0.plan(sql, &args)
+    }
+
+    /// The id of a fact type (`role == false`) or role name, if any fact uses it.
+    pub(crate) fn name_id(&self, role: bool, name: &str) -> Result<Option<i64>> {
+        self.0.name_id(role, name)
+    }
+
+    /// The release sequence number of a fact, if released.
+    pub(crate) fn seq_of(&self, hash: &FactHash) -> Result<Option<i64>> {
+        self.0.seq_of(hash)
+    }
+
+    /// The sequence number and type id of each fact released after `after`.
+    pub(crate) fn released_types(&self, after: i64) -> Result<Vec<(i64, i64)>> {
+        self.0.released_types(after)
+    }
+
+    /// The highest release sequence number.
+    pub(crate) fn last_seq(&self) -> Result<i64> {
+        self.0.last_seq()
     }
 
     pub(crate) fn bind(&self, params: &[Param]) -> Result<Vec<Sql>> {
@@ -165,9 +215,9 @@ impl Store {
             .map(|p| {
                 Ok(match p {
                     Param::Hash(h) => Sql::Blob(h.0.to_vec()),
-                    Param::Type(t) => self.name_id(false, t)?.map_or(Sql::Null, Sql::Integer),
-                    Param::Role(r) => self.name_id(true, r)?.map_or(Sql::Null, Sql::Integer),
-                    Param::Int(i) => Sql::Integer(*i),
+                    Param::Type(t) => self.name_id(false, t)?.map_or(Sql::Null, Sql::Int),
+                    Param::Role(r) => self.name_id(true, r)?.map_or(Sql::Null, Sql::Int),
+                    Param::Int(i) => Sql::Int(*i),
                     Param::Real(r) => Sql::Real(*r),
                     Param::Text(t) => Sql::Text(t.clone()),
                     Param::Blob(b) => Sql::Blob(b.clone()),
@@ -181,7 +231,7 @@ impl Store {
         self.rows_bound(plan, &self.bind(&plan.params)?, decode)
     }
 
-    /// As [`Store::rows`], with the parameters already bound (a watch binds its own).
+    /// As [`Reader::rows`], with the parameters already bound (a watch binds its own).
     pub(crate) fn rows_bound(
         &self,
         plan: &Plan,
@@ -193,16 +243,14 @@ impl Store {
             let mut env = Env::new();
             for (i, label) in plan.labels.iter().enumerate() {
                 let seq: i64 = r.get(i * 3)?;
-                let hash = r
-                    .get_ref(i * 3 + 1)?
-                    .as_blob()
-                    .map_err(rusqlite::Error::from)?;
-                let hash = FactHash::from_slice(hash).unwrap_or(FactHash([0; 32]));
+                let hash = r.hash(i * 3 + 1)?;
                 let fact = if decode.contains(label) {
-                    let bytes = r
-                        .get_ref(i * 3 + 2)?
-                        .as_blob()
-                        .map_err(rusqlite::Error::from)?;
+                    let ValueRef::Blob(bytes) = r.value(i * 3 + 2)? else {
+                        return Err(crate::Error::Corrupt {
+                            hash,
+                            reason: "stored bytes are not a blob".into(),
+                        });
+                    };
                     Some(
                         crate::encoding::decode_fact(bytes, Some(hash)).map_err(|e| {
                             crate::Error::Corrupt {

@@ -387,7 +387,7 @@ impl Compiler {
             } => {
                 let (op, values) = match test {
                     Test::Compare(op, v) => (op.code(), vec![v.clone()]),
-                    Test::In(vs) => (super::functions::IN, vs.clone()),
+                    Test::In(vs) => (crate::predicate::IN, vs.clone()),
                 };
                 let f = self.param(Param::Text(field.clone()));
                 let o = self.param(Param::Int(op));

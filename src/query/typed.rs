@@ -223,7 +223,7 @@ impl Store {
     ///
     /// # Errors
     /// As [`to_fact`] and [`Store::insert`].
-    pub fn save<T: FactType>(&mut self, value: &T) -> Result<Ref<T>> {
+    pub fn save<T: FactType>(&self, value: &T) -> Result<Ref<T>> {
         let fact = to_fact(value)?;
         self.insert(&fact)?;
         Ok(Ref::new(fact.hash()))

@@ -45,6 +45,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::model::*;
+use super::run::Reader;
 use super::run::{Givens, QueryRow, top_plan};
 use crate::error::Result;
 use crate::store::Store;
@@ -107,12 +108,15 @@ impl Store {
             givens_released: false,
             interval: Duration::from_millis(50),
         };
-        w.after = self.last_seq()?;
-        w.refresh_givens(self)?;
-        if w.givens_released {
-            w.start(self, &mut Vec::new())?;
-        }
-        Ok(w)
+        self.read(|r| {
+            let r = Reader(r);
+            w.after = r.last_seq()?;
+            w.refresh_givens(&r)?;
+            if w.givens_released {
+                w.start(&r, &mut Vec::new())?;
+            }
+            Ok(w)
+        })
     }
 }
 
@@ -130,7 +134,7 @@ impl Watch {
         self.after
     }
 
-    fn refresh_givens(&mut self, store: &Store) -> Result<()> {
+    fn refresh_givens(&mut self, store: &Reader<'_>) -> Result<()> {
         let mut all = true;
         for g in &self.query.givens {
             // An unbound given fails when the query runs, with its name.
@@ -147,12 +151,12 @@ impl Watch {
     /// result out is followed by that result's removal), then updates.
     ///
     /// # Errors
-    /// [`crate::Error::Sqlite`], [`crate::Error::Corrupt`].
+    /// [`crate::Error::Backend`], [`crate::Error::Corrupt`].
     pub fn poll(&mut self, store: &Store) -> Result<Vec<Change>> {
-        store.read(|| self.poll_in(store))
+        store.read(|r| self.poll_in(&Reader(r)))
     }
 
-    fn poll_in(&mut self, store: &Store) -> Result<Vec<Change>> {
+    fn poll_in(&mut self, store: &Reader<'_>) -> Result<Vec<Change>> {
         let released = store.released_types(self.after)?;
         let Some(&(upto, _)) = released.last() else {
             return Ok(Vec::new());
@@ -188,7 +192,7 @@ impl Watch {
     /// (each key once).
     fn run_inverses(
         &self,
-        store: &Store,
+        store: &Reader<'_>,
         types: &HashSet<i64>,
         decode: &HashSet<String>,
         range: [i64; 2],
@@ -211,7 +215,7 @@ impl Watch {
             store.run_query(&plan.sql, &params, |r| {
                 let key = (0..plan.labels.len())
                     .map(|i| r.get(i * 3))
-                    .collect::<rusqlite::Result<Vec<i64>>>()?;
+                    .collect::<Result<Vec<i64>>>()?;
                 into.insert(key);
                 Ok(())
             })?;
@@ -223,7 +227,7 @@ impl Watch {
     /// reports it as updated when its value (its child collections) changed.
     fn update(
         &mut self,
-        store: &Store,
+        store: &Reader<'_>,
         keys: BTreeSet<Vec<i64>>,
         changes: &mut Vec<Change>,
     ) -> Result<()> {
@@ -261,6 +265,10 @@ impl Watch {
     /// # Errors
     /// As [`Watch::poll`].
     pub fn explain(&self, store: &Store) -> Result<Vec<Vec<String>>> {
+        store.read(|r| self.explain_in(&Reader(r)))
+    }
+
+    fn explain_in(&self, store: &Reader<'_>) -> Result<Vec<Vec<String>>> {
         let mut plans = Vec::new();
         let key = vec![1; self.query.top_labels().len()];
         let statements = self
@@ -293,7 +301,12 @@ impl Watch {
     }
 
     /// Evaluates the query for one result key and records the change, if any.
-    fn recheck(&mut self, store: &Store, key: Vec<i64>, changes: &mut Vec<Change>) -> Result<()> {
+    fn recheck(
+        &mut self,
+        store: &Reader<'_>,
+        key: Vec<i64>,
+        changes: &mut Vec<Change>,
+    ) -> Result<()> {
         let params = self.recheck.bind(store, &key)?;
         let decode = super::run::decode_top(&self.query);
         let now = store
@@ -316,7 +329,7 @@ impl Watch {
     }
 
     /// Reads the query's current results (the first `n` with `limit n`) as additions.
-    fn start(&mut self, store: &Store, changes: &mut Vec<Change>) -> Result<()> {
+    fn start(&mut self, store: &Reader<'_>, changes: &mut Vec<Change>) -> Result<()> {
         let rows = store.query(&self.query, &self.givens)?;
         self.complete = self.query.limit.is_none_or(|n| (rows.len() as u64) < n);
         for row in rows {
@@ -364,7 +377,7 @@ impl Watch {
 
     /// With `limit n` and fewer than `n` results kept while others are left out, reads the
     /// next results in order after the last one kept (a keyset query) and adds them.
-    fn refill(&mut self, store: &Store, changes: &mut Vec<Change>) -> Result<()> {
+    fn refill(&mut self, store: &Reader<'_>, changes: &mut Vec<Change>) -> Result<()> {
         let Some(n) = self.query.limit else {
             return Ok(());
         };

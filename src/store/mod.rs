@@ -1,46 +1,45 @@
-//! The SQLite store: schema migrations, writes with held-fact release, reads, verify.
+//! The fact core: fact rows, edges, the held set and its cascades, release with sequence
+//! numbers, reads, verify, migrations, behind a backend seam.
 //!
-//! All SQL of the fact core lives under this module, so that another backend can slot in
-//! beside SQLite without touching callers.
+//! - `backend.rs`: the seam: [`Backend`], [`ReadTx`], [`WriteTx`], [`Sql`] with neutral
+//!   values, and the [`ReleaseHook`] through which indexes outside the core (the queue
+//!   index) are kept in the transaction that releases each fact.
+//! - `sqlite/`: the SQLite backend; all of the core's SQL.
+//! - `types.rs`: the values the core hands out.
+//!
+//! The core knows nothing of what is built on it: queues (`src/queue/`), sync
+//! (`src/sync/`) and queries (`src/query/`) reach the database through this module's
+//! public seam only. `tests/layering.rs` checks it.
+//!
+//! # Concurrency
+//! A [`Store`] is `Send + Sync`: share one `Arc<Store>` across threads and tasks. Reads
+//! run concurrently, each in a read transaction of its own that sees one committed
+//! snapshot; writes are serialised, one [`Writer`] at a time in a process and one across
+//! processes (the database's write lock, waited for up to
+//! [`StoreOptions::busy_timeout`]). A read started inside a write transaction does not see
+//! that transaction's uncommitted writes: read through the [`Writer`] for those.
 
-mod names;
-#[cfg(test)]
-mod plans;
-mod query;
-mod queue;
-mod read;
-mod sync;
-mod verify;
-mod work;
-mod write;
+mod backend;
+mod sqlite;
+mod types;
 
-use std::path::{Path, PathBuf};
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use rusqlite::{Connection, OpenFlags};
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
-use names::Names;
-use std::sync::Arc;
+use crate::fact::Fact;
+use crate::hash::{FactHash, HashPrefix};
 
-pub use read::{HeldFact, Stats, StoredFact};
-pub use sync::{PeerState, Quarantined, SetDigest};
-pub use verify::{Problem, VerifyReport};
-pub use write::{BatchReport, InsertOutcome, Writer};
-
-/// Schema migrations, applied in order. `PRAGMA user_version` records how many ran.
-const MIGRATIONS: &[&str] = &[
-    include_str!("../../schema/001_initial.sql"),
-    include_str!("../../schema/002_queues.sql"),
-    include_str!("../../schema/003_sync.sql"),
-    include_str!("../../schema/004_held_set.sql"),
-    include_str!("../../schema/005_edge_types.sql"),
-    include_str!("../../schema/006_store_identity.sql"),
-];
-
-/// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+pub use backend::{
+    Arg, Backend, Dialect, FromSql, HookCtx, HookRunner, ReadTx, ReleaseHook, Row, RowSource, Sql,
+    SqlExt, SqlValue, ValueRef, WriteTx,
+};
+pub use sqlite::{SCHEMA_VERSION, SqliteBackend};
+pub use types::{BatchReport, HeldFact, InsertOutcome, Problem, Stats, StoredFact, VerifyReport};
 
 /// How hard a commit tries to reach the disk (see `docs/semantics.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -54,63 +53,97 @@ pub enum Durability {
 }
 
 /// Settings for [`Store::open_with`].
-#[derive(Clone, Debug)]
+///
+/// `StoreOptions::default()` carries the queue index as its release hook (it is written
+/// beside that index, in `src/queue/index.rs`, since the core knows no queue).
+#[derive(Clone)]
 pub struct StoreOptions {
     /// Most facts that may be held waiting for ancestors at once. Past it, inserting a
     /// fact that would be held fails with [`Error::HeldLimit`]. Default 1,000,000.
     pub max_held: u64,
     /// Commit durability. Default [`Durability::Full`].
     pub durability: Durability,
-    /// SQLite page cache, in MiB. Default 64.
+    /// SQLite page cache, in MiB, per connection. Default 64.
     pub cache_mib: u32,
     /// How long a write waits for another process's write lock. Default 5 s.
     pub busy_timeout: Duration,
     /// The clock for leases, backoff and timestamps. Default the system clock.
     pub clock: Arc<dyn Clock>,
+    /// Called in the transaction that releases each fact, in order. Default: the queue
+    /// index. An application may add its own (see [`ReleaseHook`]).
+    pub release_hooks: Vec<Arc<dyn ReleaseHook>>,
 }
 
-impl Default for StoreOptions {
-    fn default() -> StoreOptions {
+impl std::fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreOptions")
+            .field("max_held", &self.max_held)
+            .field("durability", &self.durability)
+            .field("cache_mib", &self.cache_mib)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("release_hooks", &self.release_hooks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreOptions {
+    /// The defaults, without any release hook: for a store that holds no queues.
+    pub fn bare() -> StoreOptions {
         StoreOptions {
             max_held: 1_000_000,
             durability: Durability::Full,
             cache_mib: 64,
             busy_timeout: Duration::from_secs(5),
             clock: Arc::new(SystemClock),
+            release_hooks: Vec::new(),
         }
     }
 }
 
-/// A fact store over one SQLite database.
-///
-/// Several `Store`s, in one process or many, may open the same file: SQLite's locks
-/// serialise their writes, and each public write is one transaction.
-pub struct Store {
-    conn: Connection,
-    options: StoreOptions,
-    ctx: Ctx,
-    path: Option<PathBuf>,
+/// Values the core's clients keep per store (a queue declaration cache, say), one per
+/// type, made on first use.
+#[derive(Default)]
+struct Extensions(Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>);
+
+/// Values the core's clients keep for one write transaction, one per type, made on
+/// first use and dropped with the transaction.
+#[derive(Default)]
+pub struct TxState(HashMap<TypeId, Box<dyn Any + Send>>);
+
+impl TxState {
+    /// This transaction's `T`, made with `T::default()` on first use.
+    pub fn get<T: Default + Send + 'static>(&mut self) -> &mut T {
+        self.0
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Box::new(T::default()))
+            .downcast_mut()
+            .expect("keyed by its type")
+    }
 }
 
-/// State a store keeps between transactions.
-pub(crate) struct Ctx {
-    /// Type and role ids.
-    pub(crate) names: Names,
-    /// Queue declarations, as of the `queues` counter they were read at.
-    pub(crate) queues: Option<Arc<queue::QueueDefs>>,
-    /// Randomness for lease tokens and backoff jitter.
-    pub(crate) rng: fastrand::Rng,
-    /// How many times SQLite prepared a compiled query statement again (see
-    /// [`Store::query_reprepares`]).
-    pub(crate) reprepares: std::cell::Cell<u64>,
+/// A fact store over one database.
+///
+/// Several `Store`s, in one process or many, may open the same file: the database's locks
+/// serialise their writes, and each public write is one transaction.
+pub struct Store {
+    backend: Box<dyn Backend>,
+    options: StoreOptions,
+    extensions: Extensions,
 }
 
 impl Store {
     /// Opens (creating if needed) the store at `path` with default options.
     ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let store = precedent::Store::open(dir.path().join("facts.db"))?;
+    /// assert_eq!(store.stats()?.released, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::SchemaTooNew`] for a database written by a newer precedent, or
-    /// [`Error::Sqlite`] if the file cannot be opened as a database.
+    /// [`Error::Backend`] if the file cannot be opened as a database.
     pub fn open(path: impl AsRef<Path>) -> Result<Store> {
         Store::open_with(path, StoreOptions::default())
     }
@@ -120,58 +153,36 @@ impl Store {
     /// # Errors
     /// As [`Store::open`].
     pub fn open_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
-        let path = path.as_ref();
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        Store::setup(conn, options, Some(path.to_path_buf()))
+        let backend = SqliteBackend::open(path.as_ref(), options.clone())?;
+        Ok(Store::with_backend(Box::new(backend), options))
     }
 
-    /// A private in-memory store, for tests and examples.
+    /// A private store that lives as long as the value, for tests and examples: a
+    /// database in a temporary directory, removed on drop, so that it behaves like any
+    /// other store (readers beside the writer).
     ///
     /// # Errors
-    /// [`Error::Sqlite`] if SQLite cannot allocate it.
+    /// [`Error::Io`] if the temporary directory cannot be made.
     pub fn open_in_memory() -> Result<Store> {
-        Store::setup(Connection::open_in_memory()?, StoreOptions::default(), None)
+        Store::open_in_memory_with(StoreOptions::default())
     }
 
-    /// An in-memory store with `options` (for tests of bounds).
+    /// A private store with `options` (for tests of bounds).
     ///
     /// # Errors
     /// As [`Store::open_in_memory`].
     pub fn open_in_memory_with(options: StoreOptions) -> Result<Store> {
-        Store::setup(Connection::open_in_memory()?, options, None)
+        let backend = SqliteBackend::temporary(options.clone())?;
+        Ok(Store::with_backend(Box::new(backend), options))
     }
 
-    fn setup(conn: Connection, options: StoreOptions, path: Option<PathBuf>) -> Result<Store> {
-        conn.busy_timeout(options.busy_timeout)?;
-        if path.is_some() {
-            // WAL lets readers in other processes proceed while one writer commits.
-            conn.pragma_update(None, "journal_mode", "WAL")?;
-        }
-        let sync = match options.durability {
-            Durability::Full => "FULL",
-            Durability::Normal => "NORMAL",
-        };
-        conn.pragma_update(None, "synchronous", sync)?;
-        conn.pragma_update(None, "cache_size", -(options.cache_mib as i64) * 1024)?;
-        conn.pragma_update(None, "foreign_keys", "OFF")?;
-        conn.set_prepared_statement_cache_capacity(64);
-        migrate(&conn)?;
-        Ok(Store {
-            conn,
+    /// A store over any backend.
+    pub fn with_backend(backend: Box<dyn Backend>, options: StoreOptions) -> Store {
+        Store {
+            backend,
             options,
-            ctx: Ctx {
-                names: Names::default(),
-                queues: None,
-                rng: fastrand::Rng::new(),
-                reprepares: std::cell::Cell::new(0),
-            },
-            path,
-        })
+            extensions: Extensions::default(),
+        }
     }
 
     /// The options the store was opened with.
@@ -179,71 +190,416 @@ impl Store {
         &self.options
     }
 
-    /// The database file, or `None` for an in-memory store.
+    /// The database file, or `None` for a private store.
     pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
+        self.backend.path()
+    }
+
+    /// The store's `T`, made with `T::default()` on first use: state a client of the core
+    /// (the queue index, an application's own release hook) keeps between transactions.
+    pub fn extension<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut map = self.extensions.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(T::default()))
+            .clone()
+            .downcast()
+            .expect("keyed by its type")
     }
 
     /// Runs `f` in one write transaction: everything it writes commits together when it
-    /// returns `Ok`, and nothing is written when it returns `Err` (or panics).
+    /// returns `Ok`, and nothing is written when it returns `Err` or panics.
+    ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// let store = Store::open_in_memory()?;
+    /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
+    /// let order = Fact::builder("Shop.Order").field("id", 1).predecessor("shop", shop.hash()).build()?;
+    /// store.write(|w| {
+    ///     w.insert(&order)?; // held: its shop is not stored yet
+    ///     w.insert(&shop)?;  // releases both
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(store.held_count()?, 0);
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
     ///
     /// # Errors
-    /// Whatever `f` returns, or [`Error::Sqlite`] if the transaction cannot begin or commit
-    /// (for example when another process holds the write lock past the busy timeout).
-    pub fn write<T>(&mut self, f: impl FnOnce(&mut Writer<'_>) -> Result<T>) -> Result<T> {
-        // Names numbered by a transaction that never committed (an error or a panic in
-        // an earlier `f`) must not be reused.
-        self.ctx.names.rollback();
-        let result = (|| {
-            let tx = rusqlite::Transaction::new(
-                &mut self.conn,
-                rusqlite::TransactionBehavior::Immediate,
-            )?;
-            let mut writer = Writer::new(tx, &mut self.ctx, &self.options);
-            let value = f(&mut writer)?;
-            writer.commit()?;
-            Ok(value)
-        })();
-        match result {
-            Ok(_) => self.ctx.names.commit(),
-            Err(_) => {
-                self.ctx.names.rollback();
-                // Declarations read inside a rolled-back transaction may be wrong.
-                self.ctx.queues = None;
-            }
+    /// Whatever `f` returns, or [`Error::Backend`] if the transaction cannot begin or
+    /// commit (for example when another process holds the write lock past the busy
+    /// timeout: [`Error::is_busy`]).
+    pub fn write<T>(&self, f: impl FnOnce(&mut Writer<'_>) -> Result<T>) -> Result<T> {
+        let tx = self.backend.write()?;
+        let mut writer = Writer {
+            tx,
+            store: self,
+            state: TxState::default(),
+            later: Vec::new(),
+        };
+        let result = f(&mut writer).and_then(|value| writer.commit().map(|()| value));
+        if result.is_err() {
+            self.backend.rolled_back();
         }
         result
     }
+
+    /// Runs `f` in one read transaction: everything it reads sees the same committed
+    /// snapshot. The transaction ends when `f` returns, also by a panic.
+    ///
+    /// # Errors
+    /// Whatever `f` returns, or [`Error::Backend`].
+    pub fn read<T>(&self, f: impl FnOnce(&dyn ReadTx) -> Result<T>) -> Result<T> {
+        let tx = self.backend.read()?;
+        f(&*tx)
+    }
+
+    /// How many times, since the store was opened, the database prepared a statement run
+    /// by a query again (for tests that [`crate::query::Watch::poll`] keeps them
+    /// prepared).
+    pub fn query_reprepares(&self) -> u64 {
+        self.backend.reprepares()
+    }
+
+    /// Inserts one fact in its own transaction.
+    ///
+    /// The same fact again is [`InsertOutcome::Duplicate`] and changes nothing. A fact with
+    /// absent predecessors is [`InsertOutcome::Held`]; it is released, in the transaction
+    /// that brings its last missing ancestor, together with everything waiting on it.
+    ///
+    /// # Errors
+    /// [`Error::HeldLimit`] if the fact would be held past [`StoreOptions::max_held`];
+    /// [`Error::Backend`].
+    pub fn insert(&self, fact: &Fact) -> Result<InsertOutcome> {
+        self.write(|w| w.insert(fact))
+    }
+
+    /// Inserts a batch of facts in any order in one transaction (see
+    /// [`Writer::insert_batch`]).
+    ///
+    /// # Errors
+    /// [`Error::Backend`]; nothing of the batch is written then.
+    pub fn insert_batch(&self, facts: Vec<Fact>) -> Result<BatchReport> {
+        self.write(|w| w.insert_batch(facts))
+    }
+
+    /// A released fact by hash; `None` if it is absent or held.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] if the stored bytes do not re-hash to the key.
+    pub fn get(&self, hash: &FactHash) -> Result<Option<Fact>> {
+        self.read(|r| r.get(hash))
+    }
+
+    /// A fact by hash, released or held.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] if the stored bytes do not re-hash to the key.
+    pub fn lookup(&self, hash: &FactHash) -> Result<Option<StoredFact>> {
+        self.read(|r| r.lookup(hash))
+    }
+
+    /// Resolves a full hash or a prefix of at least 8 hex digits to the one stored fact
+    /// (released or held) it names.
+    ///
+    /// # Errors
+    /// [`Error::BadHash`], [`Error::UnknownPrefix`] or [`Error::AmbiguousPrefix`].
+    pub fn resolve(&self, text: &str) -> Result<FactHash> {
+        let prefix = HashPrefix::parse(text)?;
+        self.read(|r| r.resolve_prefix(&prefix))
+    }
+
+    /// The release sequence number of a fact, if released.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    pub fn seq_of(&self, hash: &FactHash) -> Result<Option<i64>> {
+        self.read(|r| r.seq_of(hash))
+    }
+
+    /// Released facts that name `hash` as a predecessor, optionally only through `role`
+    /// and only of `type_name`, in release order.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`], [`Error::Backend`].
+    pub fn successors(
+        &self,
+        hash: &FactHash,
+        role: Option<&str>,
+        type_name: Option<&str>,
+    ) -> Result<Vec<Fact>> {
+        self.read(|r| {
+            let Some(seq) = r.seq_of(hash)? else {
+                return Ok(Vec::new());
+            };
+            let id = |role: bool, name: Option<&str>| match name {
+                Some(n) => r.name_id(role, n).map(|id| id.map(Some)),
+                None => Ok(Some(None)),
+            };
+            // A role or type no fact uses: nothing can match.
+            let (Some(role_id), Some(type_id)) = (id(true, role)?, id(false, type_name)?) else {
+                return Ok(Vec::new());
+            };
+            r.successors(seq, role_id, type_id)
+        })
+    }
+
+    /// The direct predecessors of a released fact, as (role, fact), by role then hash.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] if the fact is not stored; [`Error::Corrupt`].
+    pub fn predecessors(&self, hash: &FactHash) -> Result<Vec<(String, Fact)>> {
+        self.read(|r| {
+            let stored = r.lookup(hash)?.ok_or(Error::NotFound { hash: *hash })?;
+            let mut out = Vec::new();
+            for (role, set) in stored.fact.predecessors() {
+                for p in set {
+                    if let Some(f) = r.get(p)? {
+                        out.push((role.clone(), f));
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// Every released ancestor of a released fact (transitively), in release order.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    pub fn ancestors(&self, hash: &FactHash) -> Result<Vec<FactHash>> {
+        self.walk(hash, true)
+    }
+
+    /// Every released descendant of a released fact (transitively), in release order.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    pub fn descendants(&self, hash: &FactHash) -> Result<Vec<FactHash>> {
+        self.walk(hash, false)
+    }
+
+    fn walk(&self, hash: &FactHash, up: bool) -> Result<Vec<FactHash>> {
+        self.read(|r| match r.seq_of(hash)? {
+            Some(seq) => r.walk(seq, up),
+            None => Ok(Vec::new()),
+        })
+    }
+
+    /// Released facts of one type, in release order.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`], [`Error::Backend`].
+    pub fn facts_of_type(&self, type_name: &str) -> Result<Vec<Fact>> {
+        self.read(|r| {
+            let mut out = Vec::new();
+            if let Some(type_id) = r.name_id(false, type_name)? {
+                r.for_each_of_type(type_id, &mut |f| {
+                    out.push(f);
+                    Ok(())
+                })?;
+            }
+            Ok(out)
+        })
+    }
+
+    /// Held facts with the predecessors each waits for, oldest first (up to `limit`).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`], [`Error::Backend`].
+    pub fn held(&self, limit: usize) -> Result<Vec<HeldFact>> {
+        self.read(|r| r.held(limit))
+    }
+
+    /// Calls `f` with each released fact's sequence number, hash and canonical bytes, in
+    /// release order, for facts with `seq > after`. Streams: one row in memory at a time,
+    /// all from one snapshot. Stops early if `f` returns an error, which is passed on.
+    ///
+    /// # Errors
+    /// Whatever `f` returns; [`Error::Corrupt`] at a row whose bytes do not hash to its
+    /// key; [`Error::Backend`].
+    pub fn for_each_released(
+        &self,
+        after: i64,
+        mut f: impl FnMut(i64, FactHash, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.read(|r| r.for_each_released(after, i64::MAX, &mut f))
+    }
+
+    /// The number of held facts (read from a counter, without a scan).
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    pub fn held_count(&self) -> Result<u64> {
+        self.read(|r| r.held_count())
+    }
+
+    /// Counts per type, held and edges, and the database size.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    pub fn stats(&self) -> Result<Stats> {
+        self.read(|r| r.stats())
+    }
+
+    /// Checks the whole store. `progress` is called with the number of facts checked so
+    /// far.
+    ///
+    /// Checks that every stored row re-hashes to its key and decodes strictly; that every
+    /// released fact's predecessors are released with a lower sequence number and its
+    /// edge rows match its predecessors, with both facts' types; that every held fact
+    /// waits for exactly its absent predecessors and the held counter is right; and the
+    /// database's own integrity check.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if the database cannot be read at all; damage it can read past
+    /// is reported in [`VerifyReport::problems`].
+    pub fn verify(&self, mut progress: impl FnMut(u64)) -> Result<VerifyReport> {
+        self.read(|r| r.verify(&mut progress))
+    }
 }
 
-/// Applies the migrations the database lacks; refuses a database newer than the binary.
-fn migrate(conn: &Connection) -> Result<()> {
-    let found: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    if found > SCHEMA_VERSION {
-        return Err(Error::SchemaTooNew {
-            supported: SCHEMA_VERSION,
-            found,
-        });
+/// A write transaction on a store. Everything written through it commits together when
+/// the closure given to [`Store::write`] returns `Ok`; dropping it rolls back.
+pub struct Writer<'a> {
+    tx: Box<dyn WriteTx + 'a>,
+    store: &'a Store,
+    state: TxState,
+    /// Facts release hooks asked for, inserted once the current insert returns.
+    later: Vec<Fact>,
+}
+
+impl<'a> Writer<'a> {
+    /// Inserts one fact (see [`Store::insert`]).
+    ///
+    /// # Errors
+    /// [`Error::HeldLimit`] if the fact would be held past the bound; [`Error::Backend`].
+    pub fn insert(&mut self, fact: &Fact) -> Result<InsertOutcome> {
+        let outcome = self.tx.insert(
+            fact,
+            &mut runner(self.store, &mut self.state, &mut self.later),
+        )?;
+        self.insert_later()?;
+        Ok(outcome)
     }
-    if found == SCHEMA_VERSION {
-        return Ok(());
+
+    /// Inserts facts given in any order, in this one transaction: duplicates collapse,
+    /// facts are put in parent-before-child order, and every fact whose ancestry is
+    /// complete is released.
+    ///
+    /// # Errors
+    /// [`Error::Backend`]; a fact refused by the held bound is listed in
+    /// [`BatchReport::refused`] instead of failing the batch.
+    pub fn insert_batch(&mut self, facts: Vec<Fact>) -> Result<BatchReport> {
+        let report = self.tx.insert_batch(
+            facts,
+            &mut runner(self.store, &mut self.state, &mut self.later),
+        )?;
+        self.insert_later()?;
+        Ok(report)
     }
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    let result = (|| -> Result<()> {
-        // Re-read under the write lock: another process may have migrated meanwhile.
-        let now: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-        for (i, sql) in MIGRATIONS.iter().enumerate().skip(now as usize) {
-            conn.execute_batch(sql)?;
-            conn.pragma_update(None, "user_version", i as u32 + 1)?;
+
+    /// Inserts what release hooks asked for, and what those inserts ask for in turn.
+    fn insert_later(&mut self) -> Result<()> {
+        while !self.later.is_empty() {
+            let facts = std::mem::take(&mut self.later);
+            for fact in facts {
+                self.tx.insert(
+                    &fact,
+                    &mut runner(self.store, &mut self.state, &mut self.later),
+                )?;
+            }
         }
         Ok(())
-    })();
-    match result {
-        Ok(()) => conn.execute_batch("COMMIT")?,
-        Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
-            return Err(e);
+    }
+
+    /// The release sequence of `hash`, if it is released (in this transaction too).
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    pub fn released_seq(&self, hash: &FactHash) -> Result<Option<i64>> {
+        self.tx.seq_of(hash)
+    }
+
+    /// Resolves a hash prefix against released and held facts.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPrefix`] or [`Error::AmbiguousPrefix`].
+    pub fn resolve_prefix(&self, prefix: &HashPrefix) -> Result<FactHash> {
+        self.tx.resolve_prefix(prefix)
+    }
+
+    /// This transaction's reads and SQL: for an application's own tables, written in the
+    /// same commit as its facts (in the backend's [`Sql::dialect`]). Do not write
+    /// precedent's tables through it.
+    pub fn sql(&self) -> &dyn ReadTx {
+        self.tx.as_read()
+    }
+
+    /// The store this transaction writes to.
+    pub fn store(&self) -> &'a Store {
+        self.store
+    }
+
+    /// The store's clock, in milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.store.options.clock.now_ms()
+    }
+
+    /// This transaction's reads and SQL beside its [`TxState`], for a client that needs
+    /// both at once.
+    pub fn split(&mut self) -> (&dyn ReadTx, &mut TxState) {
+        (self.tx.as_read(), &mut self.state)
+    }
+
+    /// This transaction's `T`, made on first use (see [`TxState`]).
+    pub fn state<T: Default + Send + 'static>(&mut self) -> &mut T {
+        self.state.get()
+    }
+
+    /// Runs `f` in a savepoint: when it fails, what it wrote is undone and the rest of the
+    /// transaction is kept.
+    ///
+    /// # Errors
+    /// Whatever `f` returns; [`Error::Backend`].
+    pub fn savepoint<T>(&mut self, f: impl FnOnce(&mut Writer<'a>) -> Result<T>) -> Result<T> {
+        self.tx.savepoint()?;
+        match f(self) {
+            Ok(v) => {
+                self.tx.release_savepoint()?;
+                Ok(v)
+            }
+            Err(e) => {
+                self.tx.rollback_savepoint()?;
+                Err(e)
+            }
         }
     }
-    Ok(())
+
+    fn commit(mut self) -> Result<()> {
+        let hooks = &self.store.options.release_hooks;
+        if !hooks.is_empty() {
+            let mut later = Vec::new();
+            let mut ctx = HookCtx {
+                tx: self.tx.as_read(),
+                state: &mut self.state,
+                store: self.store,
+                later: &mut later,
+            };
+            for hook in hooks {
+                hook.before_commit(&mut ctx)?;
+            }
+        }
+        self.tx.commit()
+    }
+}
+
+fn runner<'r>(
+    store: &'r Store,
+    state: &'r mut TxState,
+    later: &'r mut Vec<Fact>,
+) -> HookRunner<'r> {
+    HookRunner {
+        store,
+        state,
+        later,
+    }
 }

@@ -13,7 +13,8 @@ use super::wire::{
 use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::FactHash;
-use crate::store::{SetDigest, Store};
+use crate::store::Store;
+use crate::sync::SetDigest;
 
 /// How a [`Client`] connects.
 #[derive(Clone, Debug)]

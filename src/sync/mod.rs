@@ -29,4 +29,7 @@ pub mod auth;
 pub mod client;
 mod metrics;
 pub mod server;
+mod state;
 pub mod wire;
+
+pub use state::{PeerState, Quarantined, SetDigest};

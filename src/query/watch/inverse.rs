@@ -3,13 +3,12 @@
 
 use std::collections::HashMap;
 
-use rusqlite::types::Value as Sql;
-
+use super::super::run::Reader;
 use crate::error::Result;
 use crate::query::model::*;
 use crate::query::run::{Givens, top_nodes, top_plan};
 use crate::query::sql::{self, Bind, Node, Param, Plan, Shape};
-use crate::store::Store;
+use crate::store::SqlValue as Sql;
 
 /// Where a fact type occurs in the query.
 #[derive(Clone, Debug)]
@@ -52,7 +51,7 @@ impl Compiled {
     }
 
     /// The parameters with the slots filled, bound.
-    pub(super) fn bind(&self, store: &Store, values: &[i64]) -> Result<Vec<Sql>> {
+    pub(super) fn bind(&self, store: &Reader<'_>, values: &[i64]) -> Result<Vec<Sql>> {
         store.bind(&self.params(values))
     }
 }

@@ -11,7 +11,8 @@ use tokio::sync::watch;
 
 use super::Limits;
 use crate::error::{Error, Result};
-use crate::store::{SetDigest, Store, StoreOptions};
+use crate::store::{Store, StoreOptions};
+use crate::sync::SetDigest;
 use crate::sync::auth::{Access, Grant, Tokens};
 use crate::sync::metrics::Metrics;
 use crate::sync::wire::{self, ErrorBody};
@@ -108,15 +109,11 @@ impl From<Error> for Failure {
                     "this peer already has {limit} facts held here, the most allowed; send their ancestors first"
                 ),
             ),
-            Error::Sqlite(rusqlite::Error::SqliteFailure(f, _))
-                if f.code == rusqlite::ErrorCode::DatabaseBusy =>
-            {
-                Failure::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "busy",
-                    "database is busy; retry",
-                )
-            }
+            e if e.is_busy() => Failure::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                "database is busy; retry",
+            ),
             other => Failure::internal(other.to_string()),
         }
     }

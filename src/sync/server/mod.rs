@@ -16,7 +16,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
 use crate::error::{Error, Result};
-use crate::store::{SetDigest, Store, StoreOptions};
+use crate::store::{Store, StoreOptions};
+use crate::sync::SetDigest;
 use crate::sync::auth::Tokens;
 use crate::sync::metrics::Metrics;
 use crate::sync::wire;

@@ -1,8 +1,8 @@
-//! Field values in queries: how predicates compare them and how they sort.
+//! Field values in queries: how predicates compare them and how they sort. Pure: no I/O.
 //!
-//! The same functions run inside SQLite (as the scalar functions `pq_test` and
-//! `pq_field`, registered on the store's connection) and in Rust, so a predicate means
-//! one thing wherever it is evaluated:
+//! The same functions run inside the database (the SQLite backend registers them as the
+//! scalar functions `pq_test` and `pq_field`) and in Rust, so a predicate means one thing
+//! wherever it is evaluated:
 //! - integers and floats compare numerically (an integer with a float as binary64);
 //! - text compares bytewise (UTF-8 byte order), bytes bytewise;
 //! - booleans, null, arrays and maps support only `=`, `!=` and `in`, by equality;
@@ -12,6 +12,9 @@
 use std::cmp::Ordering;
 
 use crate::fact::{Fields, Value};
+
+/// The `op` code of `in` in the database's `pq_test` (the other codes are `Op::code`).
+pub(crate) const IN: i64 = 6;
 
 /// A comparison operator of a field predicate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,21 +208,6 @@ pub fn sort_key(field: Option<&Value>) -> SortKey {
         Some(Value::Text(t)) => SortKey::Text(t.as_bytes().to_vec()),
         Some(Value::Bytes(b)) => SortKey::Bytes(b.clone()),
         _ => SortKey::Null,
-    }
-}
-
-/// The SQLite value `pq_field` returns for a field: what [`sort_key`] describes.
-pub(crate) fn sql_value(field: Option<&Value>) -> rusqlite::types::Value {
-    use rusqlite::types::Value as Sql;
-    match field {
-        Some(Value::Integer(i)) => match i64::try_from(*i) {
-            Ok(i) => Sql::Integer(i),
-            Err(_) => Sql::Real(*i as f64),
-        },
-        Some(Value::Float(f)) => Sql::Real(*f),
-        Some(Value::Text(t)) => Sql::Text(t.clone()),
-        Some(Value::Bytes(b)) => Sql::Blob(b.clone()),
-        _ => Sql::Null,
     }
 }
 

@@ -1,20 +1,19 @@
-//! The SQLite scalar functions compiled queries call. Both are deterministic, so SQLite
-//! may evaluate them once per row and factor them out of loops.
+//! The SQLite scalar functions compiled queries call, over the pure predicate rules of
+//! [`crate::predicate`]. Both are deterministic, so SQLite may evaluate them once per row
+//! and factor them out of loops.
 //!
 //! - `pq_test(bytes, field, op, values)`: 1 when the field of the fact passes the test
-//!   ([`super::value::test`]; `op` is an [`Op`] code, or [`IN`]; `values` are the canonical
+//!   ([`crate::predicate::test`]; `op` is an `Op` code, or `IN`; `values` are the canonical
 //!   bytes of a carrier fact `{"v": [values]}`, decoded once per statement).
 //! - `pq_field(bytes, field)`: the field as an SQLite value for `ORDER BY`
-//!   ([`super::value::sort_key`]).
+//!   ([`crate::predicate::sort_key`]).
 
 use rusqlite::Connection;
 use rusqlite::functions::FunctionFlags;
+use rusqlite::types::Value as Sql;
 
-use super::value::{self, Op};
 use crate::fact::Value;
-
-/// The `op` code of `in`.
-pub(crate) const IN: i64 = 6;
+use crate::predicate::{self as value, IN, Op};
 
 struct Values(Vec<Value>);
 
@@ -48,8 +47,21 @@ pub(crate) fn register(conn: &Connection) -> rusqlite::Result<()> {
     conn.create_scalar_function("pq_field", 2, flags, |ctx| {
         let field_name = ctx.get_raw(1).as_str()?.to_string();
         let fields = value::fields_of(ctx.get_raw(0).as_blob()?);
-        Ok(value::sql_value(
-            fields.as_ref().and_then(|f| f.get(&field_name)),
-        ))
+        Ok(sql_value(fields.as_ref().and_then(|f| f.get(&field_name))))
     })
+}
+
+/// The SQLite value `pq_field` returns for a field: what [`crate::predicate::sort_key`]
+/// describes.
+fn sql_value(field: Option<&Value>) -> Sql {
+    match field {
+        Some(Value::Integer(i)) => match i64::try_from(*i) {
+            Ok(i) => Sql::Integer(i),
+            Err(_) => Sql::Real(*i as f64),
+        },
+        Some(Value::Float(f)) => Sql::Real(*f),
+        Some(Value::Text(t)) => Sql::Text(t.clone()),
+        Some(Value::Bytes(b)) => Sql::Blob(b.clone()),
+        _ => Sql::Null,
+    }
 }

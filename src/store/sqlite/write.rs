@@ -1,91 +1,22 @@
 //! Writes: idempotent insert, holding facts whose ancestors are missing, and releasing
 //! them (cascading) in the transaction that completes their ancestry.
 
-use rusqlite::{OptionalExtension, Transaction, params};
+use std::collections::HashMap;
+use std::sync::MutexGuard;
 
-use super::names::Kind;
-use super::{Ctx, StoreOptions};
-use crate::clock::Clock;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::names::{Kind, PendingNames};
+use super::{Shared, Tx};
 use crate::dag;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::{FactHash, HashPrefix};
-use std::collections::HashMap;
-use std::sync::Arc;
-
-/// What became of one inserted fact.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InsertOutcome {
-    /// The fact was new and is released with sequence number `seq`. `released` counts it
-    /// and every held fact its arrival released (cascading), so it is at least 1.
-    Inserted {
-        /// The fact's release sequence number.
-        seq: i64,
-        /// Facts released by this insert, the fact itself included.
-        released: u64,
-    },
-    /// The fact was already stored; nothing changed. `seq` is `None` when it is held.
-    Duplicate {
-        /// Its release sequence number, if it is released.
-        seq: Option<i64>,
-    },
-    /// The fact is new but some ancestors are absent: it is held, durably, until they arrive.
-    Held {
-        /// The predecessors that are not released yet.
-        missing: Vec<FactHash>,
-    },
-}
-
-impl InsertOutcome {
-    /// Whether the fact is now held.
-    pub fn is_held(&self) -> bool {
-        matches!(self, InsertOutcome::Held { .. })
-    }
-
-    /// Whether the fact was already stored.
-    pub fn is_duplicate(&self) -> bool {
-        matches!(self, InsertOutcome::Duplicate { .. })
-    }
-
-    /// How many facts this insert released (the fact itself and any it unblocked).
-    pub fn released(&self) -> u64 {
-        match self {
-            InsertOutcome::Inserted { released, .. } => *released,
-            _ => 0,
-        }
-    }
-}
-
-/// Counts for a batch of inserts.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BatchReport {
-    /// Facts in the batch that were new and released on arrival.
-    pub inserted: u64,
-    /// Facts already stored (released or held), or given twice in the batch.
-    pub duplicates: u64,
-    /// New facts now held for missing ancestors (at the end of the batch).
-    pub held: u64,
-    /// Facts released, counting new facts released on arrival and held facts (from this
-    /// batch or earlier ones) that the batch released.
-    pub released: u64,
-    /// Facts refused because the held-fact bound was reached; nothing else of them stored.
-    pub refused: Vec<FactHash>,
-}
-
-impl BatchReport {
-    /// Adds another report's counts to this one.
-    pub fn merge(&mut self, other: BatchReport) {
-        self.inserted += other.inserted;
-        self.duplicates += other.duplicates;
-        self.held += other.held;
-        self.released += other.released;
-        self.refused.extend(other.refused);
-    }
-}
+use crate::store::backend::{Arg, Dialect, HookRunner, ReadTx, Row, Sql, WriteTx};
+use crate::store::{BatchReport, HeldFact, InsertOutcome, Stats, StoredFact, VerifyReport};
 
 /// Held-set rows a cascade has used up, removed or updated together (see
-/// [`Writer::release_waiters`]).
+/// [`SqliteWrite::release_waiters`]).
 #[derive(Default)]
 struct Cleanup {
     /// Facts released by the cascade whose `held_wait` rows are to be deleted.
@@ -108,87 +39,167 @@ impl Cleanup {
     }
 }
 
-/// A write transaction on a store. Everything written through it commits together when
-/// the closure given to [`crate::Store::write`] returns `Ok`; dropping it rolls back.
-pub struct Writer<'a> {
-    pub(crate) tx: Transaction<'a>,
-    pub(crate) ctx: &'a mut Ctx,
-    pub(crate) clock: Arc<dyn Clock>,
-    max_held: u64,
-    /// Whether the queue declarations were checked for this transaction.
-    pub(crate) queues_checked: bool,
-    /// Completions and failures to add to the per-minute rates at commit:
-    /// (queue id, minute, completed, failed).
-    pub(crate) rates: Vec<(i64, i64, i64, i64)>,
+/// The write transaction of a SQLite store: the write connection, locked for its life.
+pub(crate) struct SqliteWrite<'a> {
+    tx: Tx<'a, MutexGuard<'a, Connection>>,
+    names: PendingNames,
     /// The held count as of this transaction, read lazily from the counter table.
     held: Option<i64>,
     /// The held count when first read, to write back only a change.
     held_at_start: i64,
-    /// During [`Writer::insert_batch`], the facts of the batch that are held (and not
+    /// The held count at each open savepoint, to go back to if it is rolled back.
+    savepoints: Vec<Option<i64>>,
+    /// During [`SqliteWrite::insert_batch`], the facts of the batch that are held (and not
     /// released since), with their `held` row ids: a fact naming one of them as a
     /// predecessor is held without looking that predecessor up, and waits for it in
     /// `held_child` by row id. `None` outside a batch.
     batch_held: Option<HashMap<FactHash, i64, dag::BuildFactHasher>>,
 }
 
-impl<'a> Writer<'a> {
-    pub(crate) fn new(tx: Transaction<'a>, ctx: &'a mut Ctx, options: &StoreOptions) -> Writer<'a> {
-        Writer {
-            tx,
-            ctx,
-            clock: options.clock.clone(),
-            max_held: options.max_held,
-            queues_checked: false,
-            rates: Vec::new(),
-            held: None,
-            held_at_start: 0,
-            batch_held: None,
-        }
+/// Forwards the read side of a write transaction to its [`Tx`].
+macro_rules! forward_reads {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        $(fn $name(&self, $($arg: $ty),*) -> $ret {
+            self.tx.$name($($arg),*)
+        })*
+    };
+}
+
+impl Sql for SqliteWrite<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+    fn execute(&self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
+        self.tx.execute(sql, args)
+    }
+    fn query(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        f: &mut dyn FnMut(&Row<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.tx.query(sql, args, f)
+    }
+    fn batch(&self, sql: &str) -> Result<()> {
+        self.tx.batch(sql)
+    }
+}
+
+impl ReadTx for SqliteWrite<'_> {
+    forward_reads! {
+        get(hash: &FactHash) -> Result<Option<Fact>>;
+        lookup(hash: &FactHash) -> Result<Option<StoredFact>>;
+        fact_at(seq: i64) -> Result<Option<Fact>>;
+        seq_of(hash: &FactHash) -> Result<Option<i64>>;
+        resolve_prefix(prefix: &HashPrefix) -> Result<FactHash>;
+        name_id(role: bool, name: &str) -> Result<Option<i64>>;
+        successors(seq: i64, role: Option<i64>, type_id: Option<i64>) -> Result<Vec<Fact>>;
+        walk(seq: i64, up: bool) -> Result<Vec<FactHash>>;
+        for_each_of_type(type_id: i64, f: &mut dyn FnMut(Fact) -> Result<()>) -> Result<()>;
+        held(limit: usize) -> Result<Vec<HeldFact>>;
+        for_each_released(after: i64, upto: i64, f: &mut dyn FnMut(i64, FactHash, &[u8]) -> Result<()>) -> Result<()>;
+        released_types(after: i64) -> Result<Vec<(i64, i64)>>;
+        plan(sql: &str, args: &[Arg<'_>]) -> Result<Vec<String>>;
+        last_seq() -> Result<i64>;
+        stats() -> Result<Stats>;
+        verify(progress: &mut dyn FnMut(u64)) -> Result<VerifyReport>;
     }
 
-    pub(crate) fn commit(mut self) -> Result<()> {
-        self.flush_rates()?;
-        if let Some(held) = self.held
-            && held != self.held_at_start
-        {
-            self.tx
-                .prepare_cached("UPDATE counter SET value = ?1 WHERE name = 'held'")?
-                .execute([held])?;
+    fn held_count(&self) -> Result<u64> {
+        match self.held {
+            Some(n) => Ok(n as u64),
+            None => self.tx.held_count(),
         }
-        self.tx.commit()?;
+    }
+}
+
+impl WriteTx for SqliteWrite<'_> {
+    fn insert(&mut self, fact: &Fact, hooks: &mut HookRunner<'_>) -> Result<InsertOutcome> {
+        SqliteWrite::insert(self, fact, hooks)
+    }
+
+    fn insert_batch(
+        &mut self,
+        facts: Vec<Fact>,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<BatchReport> {
+        SqliteWrite::insert_batch(self, facts, hooks)
+    }
+
+    fn savepoint(&mut self) -> Result<()> {
+        self.tx
+            .conn
+            .prepare_cached("SAVEPOINT precedent")?
+            .execute([])?;
+        self.savepoints.push(self.held);
         Ok(())
     }
 
-    /// The underlying SQLite transaction, for an application's own tables written in the
-    /// same commit as its facts. Do not write precedent's tables through it.
-    pub fn connection(&self) -> &rusqlite::Connection {
-        &self.tx
+    fn release_savepoint(&mut self) -> Result<()> {
+        self.tx
+            .conn
+            .prepare_cached("RELEASE precedent")?
+            .execute([])?;
+        self.savepoints.pop();
+        Ok(())
     }
 
-    /// The in-memory state a savepoint may change: the held count and the number of rate
-    /// counts gathered, to restore if the savepoint is rolled back.
-    pub(crate) fn held_snapshot(&self) -> (Option<i64>, usize) {
-        (self.held, self.rates.len())
+    fn rollback_savepoint(&mut self) -> Result<()> {
+        self.c()
+            .execute_batch("ROLLBACK TO precedent; RELEASE precedent")?;
+        if let Some(held) = self.savepoints.pop() {
+            self.held = held;
+        }
+        // Names numbered inside the savepoint are gone with it: forget them all, they are
+        // looked up again.
+        self.names.forget();
+        Ok(())
     }
 
-    /// Forgets in-memory state that a rolled-back savepoint may have made wrong: the held
-    /// count goes back to `held`, names numbered since are forgotten (they will be looked
-    /// up again), and queue declarations are re-read.
-    pub(crate) fn restore_after_rollback(&mut self, (held, rates): (Option<i64>, usize)) {
-        self.held = held;
-        self.rates.truncate(rates);
-        self.ctx.names.rollback();
-        self.queues_checked = false;
+    fn as_read(&self) -> &dyn ReadTx {
+        self
     }
 
-    fn held_count(&mut self) -> Result<i64> {
+    fn commit(mut self: Box<Self>) -> Result<()> {
+        if let Some(held) = self.held
+            && held != self.held_at_start
+        {
+            self.c()
+                .prepare_cached("UPDATE counter SET value = ?1 WHERE name = 'held'")?
+                .execute([held])?;
+        }
+        self.tx.finish("COMMIT")?;
+        let names = std::mem::take(&mut self.names);
+        self.tx.shared.names.commit(names);
+        Ok(())
+    }
+}
+
+impl<'a> SqliteWrite<'a> {
+    /// Begins the write transaction on the locked write connection.
+    pub(crate) fn begin(
+        conn: MutexGuard<'a, Connection>,
+        shared: &'a Shared,
+    ) -> Result<SqliteWrite<'a>> {
+        Ok(SqliteWrite {
+            tx: Tx::begin(conn, shared, "BEGIN IMMEDIATE")?,
+            names: PendingNames::default(),
+            held: None,
+            held_at_start: 0,
+            savepoints: Vec::new(),
+            batch_held: None,
+        })
+    }
+
+    fn c(&self) -> &Connection {
+        &self.tx.conn
+    }
+
+    fn held_now(&mut self) -> Result<i64> {
         if let Some(n) = self.held {
             return Ok(n);
         }
-        let n: i64 = self
-            .tx
-            .prepare_cached("SELECT value FROM counter WHERE name = 'held'")?
-            .query_row([], |r| r.get(0))?;
+        let n = self.tx.held_count()? as i64;
         self.held = Some(n);
         self.held_at_start = n;
         Ok(n)
@@ -197,18 +208,22 @@ impl<'a> Writer<'a> {
     /// Inserts one fact (see [`crate::Store::insert`]).
     ///
     /// # Errors
-    /// [`Error::HeldLimit`] if the fact would be held past the bound; [`Error::Sqlite`].
-    pub fn insert(&mut self, fact: &Fact) -> Result<InsertOutcome> {
+    /// [`Error::HeldLimit`] if the fact would be held past the bound; [`Error::Backend`].
+    fn insert(&mut self, fact: &Fact, hooks: &mut HookRunner<'_>) -> Result<InsertOutcome> {
         if let Some(seq) = self.released_seq(&fact.hash())? {
             return Ok(InsertOutcome::Duplicate { seq: Some(seq) });
         }
-        self.insert_unreleased(fact)
+        self.insert_unreleased(fact, hooks)
     }
 
     /// Inserts a fact that may be stored already: held (the held row says so) or
     /// released (the fact table's unique hash says so, when the fact is inserted); either
     /// way it is a duplicate and nothing changes.
-    fn insert_unreleased(&mut self, fact: &Fact) -> Result<InsertOutcome> {
+    fn insert_unreleased(
+        &mut self,
+        fact: &Fact,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<InsertOutcome> {
         let mut preds = Vec::with_capacity(4);
         let mut missing = Vec::new();
         for (role, set) in fact.predecessors() {
@@ -228,14 +243,14 @@ impl<'a> Writer<'a> {
             missing.dedup_by_key(|(m, _)| *m);
             return self.hold(fact, missing);
         }
-        let Some((seq, type_id)) = self.insert_released(fact, &preds)? else {
+        let Some((seq, type_id)) = self.insert_released(fact, &preds, hooks)? else {
             // Stored already: a fact whose ancestors are all released may be released
             // itself, which the fact table's unique hash tells at no extra cost.
             return Ok(InsertOutcome::Duplicate {
                 seq: self.released_seq(&fact.hash())?,
             });
         };
-        let released = 1 + self.release_waiters(fact.hash(), seq, type_id)?;
+        let released = 1 + self.release_waiters(fact.hash(), seq, type_id, hooks)?;
         Ok(InsertOutcome::Inserted { seq, released })
     }
 
@@ -244,9 +259,13 @@ impl<'a> Writer<'a> {
     /// complete is released.
     ///
     /// # Errors
-    /// [`Error::Sqlite`]; a fact refused by the held bound is listed in
+    /// [`Error::Backend`]; a fact refused by the held bound is listed in
     /// [`BatchReport::refused`] instead of failing the batch.
-    pub fn insert_batch(&mut self, facts: Vec<Fact>) -> Result<BatchReport> {
+    fn insert_batch(
+        &mut self,
+        facts: Vec<Fact>,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<BatchReport> {
         let mut report = BatchReport::default();
         // A batch that starts with stored facts is probably a re-delivery: its released
         // facts are dropped first, a lookup each, so it costs no ordering and no
@@ -273,17 +292,17 @@ impl<'a> Writer<'a> {
         };
         report.duplicates += given - ordered.len() as u64;
         self.batch_held = Some(HashMap::with_hasher(dag::BuildFactHasher));
-        let outcome = self.insert_ordered(&ordered, &mut report);
+        let outcome = self.insert_ordered(&ordered, &mut report, hooks);
         self.batch_held = None;
         outcome?;
         Ok(report)
     }
 
-    /// How many leading facts of a batch [`Writer::insert_batch`] looks up to tell a
+    /// How many leading facts of a batch [`SqliteWrite::insert_batch`] looks up to tell a
     /// re-delivered batch from a new one.
     const PROBE: usize = 8;
 
-    /// Whether any of the first [`Writer::PROBE`] facts of `facts` is released.
+    /// Whether any of the first [`SqliteWrite::PROBE`] facts of `facts` is released.
     fn starts_with_released(&self, facts: &[Fact]) -> Result<bool> {
         for fact in facts.iter().take(Self::PROBE) {
             if self.released_seq(&fact.hash())?.is_some() {
@@ -294,9 +313,14 @@ impl<'a> Writer<'a> {
     }
 
     /// Inserts a parents-first batch, adding the outcomes to `report`.
-    fn insert_ordered(&mut self, ordered: &[Fact], report: &mut BatchReport) -> Result<()> {
+    fn insert_ordered(
+        &mut self,
+        ordered: &[Fact],
+        report: &mut BatchReport,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<()> {
         for fact in ordered {
-            match self.insert_unreleased(fact) {
+            match self.insert_unreleased(fact, hooks) {
                 Ok(InsertOutcome::Inserted { released, .. }) => {
                     report.inserted += 1;
                     report.released += released;
@@ -316,16 +340,16 @@ impl<'a> Writer<'a> {
     /// new fact to it records.
     fn released(&self, hash: &FactHash) -> Result<Option<(i64, i64)>> {
         Ok(self
-            .tx
+            .c()
             .prepare_cached("SELECT seq, type_id FROM fact WHERE hash = ?1")?
             .query_row([&hash.0[..]], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?)
     }
 
     /// The release sequence of `hash`, if it is released.
-    pub fn released_seq(&self, hash: &FactHash) -> Result<Option<i64>> {
+    pub(crate) fn released_seq(&self, hash: &FactHash) -> Result<Option<i64>> {
         Ok(self
-            .tx
+            .c()
             .prepare_cached("SELECT seq FROM fact WHERE hash = ?1")?
             .query_row([&hash.0[..]], |r| r.get(0))
             .optional()?)
@@ -333,7 +357,7 @@ impl<'a> Writer<'a> {
 
     fn is_held(&self, hash: &FactHash) -> Result<bool> {
         Ok(self
-            .tx
+            .c()
             .prepare_cached(
                 "SELECT 1 FROM held WHERE substr(hash, 1, 8) = substr(?1, 1, 8) AND hash = ?1",
             )?
@@ -353,14 +377,14 @@ impl<'a> Writer<'a> {
         if self.is_held(&hash)? {
             return Ok(InsertOutcome::Duplicate { seq: None });
         }
-        let held = self.held_count()?;
-        if held as u64 >= self.max_held {
+        let held = self.held_now()?;
+        if held as u64 >= self.tx.shared.max_held {
             return Err(Error::HeldLimit {
-                limit: self.max_held,
+                limit: self.tx.shared.max_held,
                 hash,
             });
         }
-        self.tx
+        self.c()
             .prepare_cached(
                 "INSERT INTO held (hash, bytes, missing, held_at) VALUES (?1, ?2, ?3, ?4)",
             )?
@@ -368,20 +392,20 @@ impl<'a> Writer<'a> {
                 &hash.0[..],
                 fact.canonical_bytes(),
                 missing.len() as i64,
-                self.clock.now_ms()
+                self.tx.shared.clock.now_ms()
             ])?;
-        let id = self.tx.last_insert_rowid();
+        let id = self.c().last_insert_rowid();
         if let Some(batch) = &mut self.batch_held {
             batch.insert(hash, id);
         }
         for (m, parent) in &missing {
             match parent {
                 Some(parent) => self
-                    .tx
+                    .c()
                     .prepare_cached("INSERT INTO held_child (parent, waiter) VALUES (?1, ?2)")?
                     .execute([parent, &id])?,
                 None => self
-                    .tx
+                    .c()
                     .prepare_cached("INSERT INTO held_wait (missing, waiter) VALUES (?1, ?2)")?
                     .execute(params![&m.0[..], id])?,
             };
@@ -399,10 +423,16 @@ impl<'a> Writer<'a> {
         &mut self,
         fact: &Fact,
         preds: &[(&str, i64, i64)],
+        hooks: &mut HookRunner<'_>,
     ) -> Result<Option<(i64, i64)>> {
-        let type_id = self.ctx.names.id(&self.tx, Kind::Type, fact.type_name())?;
+        let type_id = self.names.id(
+            &self.tx.shared.names,
+            &self.tx.conn,
+            Kind::Type,
+            fact.type_name(),
+        )?;
         let added = self
-            .tx
+            .c()
             .prepare_cached(
                 "INSERT INTO fact (hash, type_id, bytes) VALUES (?1, ?2, ?3)
                  ON CONFLICT (hash) DO NOTHING",
@@ -411,17 +441,19 @@ impl<'a> Writer<'a> {
         if added == 0 {
             return Ok(None);
         }
-        let seq = self.tx.last_insert_rowid();
+        let seq = self.c().last_insert_rowid();
         for (role, pred, pred_type) in preds {
-            let role_id = self.ctx.names.id(&self.tx, Kind::Role, role)?;
-            self.tx
+            let role_id = self
+                .names
+                .id(&self.tx.shared.names, &self.tx.conn, Kind::Role, role)?;
+            self.c()
                 .prepare_cached(
                     "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
                      VALUES (?1, ?2, ?3, ?4, ?5)",
                 )?
                 .execute(params![pred, role_id, type_id, seq, pred_type])?;
         }
-        self.queue_on_release(fact, seq, None)?;
+        hooks.released(&self.tx, fact, seq)?;
         Ok(Some((seq, type_id)))
     }
 
@@ -432,8 +464,14 @@ impl<'a> Writer<'a> {
     /// released, the counts of waiters still missing something) are removed or updated in
     /// key order every [`Cleanup::BATCH`] entries and at the end, not one at a time: a
     /// cascade reads each of them once, and writes in key order touch each page once.
-    fn release_waiters(&mut self, first: FactHash, first_seq: i64, first_type: i64) -> Result<u64> {
-        if self.held_count()? == 0 {
+    fn release_waiters(
+        &mut self,
+        first: FactHash,
+        first_seq: i64,
+        first_type: i64,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<u64> {
+        if self.held_now()? == 0 {
             return Ok(0);
         }
         let mut released = 0;
@@ -455,7 +493,7 @@ impl<'a> Writer<'a> {
             }
             for waiter in waiters {
                 let (hash, missing, bytes): (Vec<u8>, i64, Vec<u8>) = self
-                    .tx
+                    .c()
                     .prepare_cached("SELECT hash, missing, bytes FROM held WHERE id = ?1")?
                     .query_row([waiter], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                     .optional()?
@@ -474,7 +512,7 @@ impl<'a> Writer<'a> {
                     hash: arrived,
                     reason: format!("held row {waiter} has a hash that is not 32 bytes"),
                 })?;
-                let at = self.release_held(&hash, &bytes, (arrived, arrived_at))?;
+                let at = self.release_held(&hash, &bytes, (arrived, arrived_at), hooks)?;
                 released += 1;
                 stack.push((hash, at, Some(waiter)));
             }
@@ -489,7 +527,7 @@ impl<'a> Writer<'a> {
     /// The held rows (ids) recorded as waiting for `arrived`.
     fn waiters(&mut self, arrived: &FactHash) -> Result<Vec<i64>> {
         Ok(self
-            .tx
+            .c()
             .prepare_cached("SELECT waiter FROM held_wait WHERE missing = ?1")?
             .query_map([&arrived.0[..]], |r| r.get(0))?
             .collect::<rusqlite::Result<Vec<i64>>>()?)
@@ -498,7 +536,7 @@ impl<'a> Writer<'a> {
     /// The held rows (ids) recorded as waiting for the held row `parent`.
     fn children(&mut self, parent: i64) -> Result<Vec<i64>> {
         Ok(self
-            .tx
+            .c()
             .prepare_cached("SELECT waiter FROM held_child WHERE parent = ?1")?
             .query_map([parent], |r| r.get(0))?
             .collect::<rusqlite::Result<Vec<i64>>>()?)
@@ -508,7 +546,7 @@ impl<'a> Writer<'a> {
     fn apply_cleanup(&mut self, cleanup: &mut Cleanup) -> Result<()> {
         cleanup.waits.sort_unstable();
         let mut delete = self
-            .tx
+            .c()
             .prepare_cached("DELETE FROM held_wait WHERE missing = ?1")?;
         for arrived in cleanup.waits.drain(..) {
             delete.execute([&arrived.0[..]])?;
@@ -516,14 +554,14 @@ impl<'a> Writer<'a> {
         drop(delete);
         cleanup.children.sort_unstable();
         let mut delete = self
-            .tx
+            .c()
             .prepare_cached("DELETE FROM held_child WHERE parent = ?1")?;
         for parent in cleanup.children.drain(..) {
             delete.execute([parent])?;
         }
         drop(delete);
         cleanup.rows.sort_unstable();
-        let mut delete = self.tx.prepare_cached("DELETE FROM held WHERE id = ?1")?;
+        let mut delete = self.c().prepare_cached("DELETE FROM held WHERE id = ?1")?;
         for id in cleanup.rows.drain(..) {
             delete.execute([id])?;
         }
@@ -531,7 +569,7 @@ impl<'a> Writer<'a> {
         let mut arrivals: Vec<(i64, i64)> = cleanup.arrivals.drain().collect();
         arrivals.sort_unstable();
         let mut update = self
-            .tx
+            .c()
             .prepare_cached("UPDATE held SET missing = missing - ?2 WHERE id = ?1")?;
         for (id, n) in arrivals {
             update.execute([id, n])?;
@@ -548,6 +586,7 @@ impl<'a> Writer<'a> {
         hash: &FactHash,
         bytes: &[u8],
         arrived: (FactHash, (i64, i64)),
+        hooks: &mut HookRunner<'_>,
     ) -> Result<(i64, i64)> {
         let fact =
             crate::encoding::decode_fact(bytes, Some(*hash)).map_err(|e| Error::Corrupt {
@@ -568,11 +607,11 @@ impl<'a> Writer<'a> {
                 preds.push((role.as_str(), seq, type_id));
             }
         }
-        self.held = Some(self.held_count()? - 1);
+        self.held = Some(self.held_now()? - 1);
         if let Some(batch) = &mut self.batch_held {
             batch.remove(hash);
         }
-        match self.insert_released(&fact, &preds)? {
+        match self.insert_released(&fact, &preds, hooks)? {
             Some(at) => Ok(at),
             // A held row for a fact that is released already is stale: it is gone now,
             // and the fact's waiters follow it as they would have.
@@ -581,13 +620,5 @@ impl<'a> Writer<'a> {
                 reason: "neither inserted nor found released".into(),
             }),
         }
-    }
-
-    /// Resolves a hash prefix against released and held facts.
-    ///
-    /// # Errors
-    /// [`Error::UnknownPrefix`] or [`Error::AmbiguousPrefix`].
-    pub fn resolve_prefix(&self, prefix: &HashPrefix) -> Result<FactHash> {
-        super::read::resolve_prefix(&self.tx, prefix)
     }
 }

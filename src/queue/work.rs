@@ -1,11 +1,10 @@
-//! The queue API on [`Store`]: declare, claim, extend, complete, fail, release, redrive,
-//! discard, list, stats and alert checks.
+//! The queue API on [`Store`] and [`Writer`]: declare, claim, extend, complete, fail,
+//! release, redrive, discard, list, stats and alert checks, through the store's seam.
 
-use rusqlite::{OptionalExtension, params};
+use std::sync::Arc;
 
-use super::Store;
-use super::queue::{QueueDef, load_defs};
-use super::write::Writer;
+use super::index::{Ix, QueueCache, QueueDef, QueueDefs, QueueTx, defs_for, load_defs, uncheck};
+use crate::args;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::FactHash;
@@ -13,6 +12,7 @@ use crate::queue::{
     Breach, FailOutcome, Failure, ItemInfo, ItemState, Lease, QueueSpec, QueueStats, Semantics,
     system,
 };
+use crate::store::{ReadTx, SqlExt, Store, Writer};
 
 fn unknown(name: &str) -> Error {
     Error::UnknownQueue {
@@ -20,18 +20,44 @@ fn unknown(name: &str) -> Error {
     }
 }
 
-fn hash_of(bytes: Vec<u8>) -> rusqlite::Result<FactHash> {
-    FactHash::from_slice(&bytes).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(
-            bytes.len(),
-            rusqlite::types::Type::Blob,
-            "hash is not 32 bytes".into(),
-        )
-    })
+/// Runs `f` on the queue index in `w`'s transaction, then inserts the facts it asked for.
+pub(crate) fn with_index<T>(
+    w: &mut Writer<'_>,
+    f: impl FnOnce(&mut Ix<'_>) -> Result<T>,
+) -> Result<T> {
+    let cache = w.store().extension::<QueueCache>();
+    let now = w.now_ms();
+    let (tx, state) = w.split();
+    let mut ix = Ix {
+        tx,
+        now,
+        state,
+        cache: &cache,
+        later: Vec::new(),
+    };
+    let value = f(&mut ix)?;
+    for fact in std::mem::take(&mut ix.later) {
+        w.insert(&fact)?;
+    }
+    Ok(value)
+}
+
+/// A random lease token or jitter source, from the store's queue state.
+fn rng<T>(w: &Writer<'_>, f: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
+    let cache = w.store().extension::<QueueCache>();
+    let mut rng = cache.rng.lock().unwrap_or_else(|e| e.into_inner());
+    f(&mut rng)
 }
 
 impl Writer<'_> {
-    fn queue(&mut self, name: &str) -> Result<std::sync::Arc<super::queue::QueueDefs>> {
+    /// The queue declarations for this transaction.
+    fn queue_defs(&mut self) -> Result<Arc<QueueDefs>> {
+        let cache = self.store().extension::<QueueCache>();
+        let (tx, state) = self.split();
+        defs_for(tx, state, &cache)
+    }
+
+    fn queue(&mut self, name: &str) -> Result<Arc<QueueDefs>> {
         let defs = self.queue_defs()?;
         if defs.by_name(name).is_none() {
             return Err(unknown(name));
@@ -42,9 +68,8 @@ impl Writer<'_> {
     /// Checks that `lease` is still the live lease on its input.
     fn check_lease(&self, lease: &Lease) -> Result<()> {
         let held = self
-            .tx
-            .prepare_cached("SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2 AND lease_token = ?3 AND state = 1")?
-            .exists(params![lease.queue_id, lease.seq, lease.token])?;
+            .sql()
+            .exists("SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2 AND lease_token = ?3 AND state = 1", args![lease.queue_id, lease.seq, lease.token])?;
         if held {
             Ok(())
         } else {
@@ -63,7 +88,7 @@ impl Writer<'_> {
         attempts: i64,
         first: Option<i64>,
     ) -> Result<FactHash> {
-        let now = self.clock.now_ms();
+        let now = self.now_ms();
         let fact = Fact::builder(system::DEAD_LETTER)
             .field("queue", q.spec.name.as_str())
             .field("reason", reason)
@@ -80,7 +105,7 @@ impl Writer<'_> {
         let fact = Fact::builder(system::POISON)
             .field("queue", q.spec.name.as_str())
             .field("reason", reason)
-            .field("at", self.clock.now_ms())
+            .field("at", self.now_ms())
             .predecessor(system::INPUT_ROLE, input.hash())
             .build()?;
         self.insert(&fact)?;
@@ -88,32 +113,26 @@ impl Writer<'_> {
     }
 
     fn input_at(&self, seq: i64) -> Result<Fact> {
-        let (hash, bytes): (Vec<u8>, Vec<u8>) = self
-            .tx
-            .prepare_cached("SELECT hash, bytes FROM fact WHERE seq = ?1")?
-            .query_row([seq], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        let hash = hash_of(hash)?;
-        super::read::fact_from_row(&hash, &bytes)
+        self.sql().fact_at(seq)?.ok_or_else(|| Error::Queue {
+            queue: String::new(),
+            reason: format!("queue item names seq {seq}, which is not a released fact"),
+        })
     }
 
     /// Claims up to `n` ready inputs of `queue` (see [`Store::claim`]).
     ///
     /// # Errors
-    /// [`Error::UnknownQueue`], [`Error::Sqlite`].
+    /// [`Error::UnknownQueue`], [`Error::Backend`].
     pub fn claim(&mut self, queue: &str, n: usize) -> Result<Vec<Lease>> {
         let defs = self.queue(queue)?;
         let q = defs.by_name(queue).expect("checked");
-        let now = self.clock.now_ms();
+        let now = self.now_ms();
         let mut leases = Vec::new();
         while leases.len() < n {
             let rows: Vec<(i64, i64, i64, Option<i64>)> = self
-                .tx
-                .prepare_cached(
-                    "SELECT input, state, attempts, first_attempt_at FROM queue_item
-                     WHERE queue_id = ?1 AND claimable_at <= ?2 ORDER BY claimable_at, input LIMIT ?3",
-                )?
-                .query_map(params![q.id, now, (n - leases.len()) as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
-                .collect::<rusqlite::Result<_>>()?;
+                .sql()
+                .query_vec("SELECT input, state, attempts, first_attempt_at FROM queue_item
+                     WHERE queue_id = ?1 AND claimable_at <= ?2 ORDER BY claimable_at, input LIMIT ?3", args![q.id, now, (n - leases.len()) as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
             if rows.is_empty() {
                 break;
             }
@@ -131,15 +150,12 @@ impl Writer<'_> {
                     self.dead_letter(q, &input, &reason, attempts, first)?;
                     continue;
                 }
-                let token = self.ctx.rng.i64(..);
+                let token = rng(self, |r| r.i64(..));
                 let expires = now + q.spec.lease_ms;
-                self.tx
-                    .prepare_cached(
-                        "UPDATE queue_item SET state = 1, attempts = attempts + 1,
+                self.sql()
+                    .execute("UPDATE queue_item SET state = 1, attempts = attempts + 1,
                              first_attempt_at = coalesce(first_attempt_at, ?3), lease_token = ?4, claimable_at = ?5
-                         WHERE queue_id = ?1 AND input = ?2",
-                    )?
-                    .execute(params![q.id, seq, now, token, expires])?;
+                         WHERE queue_id = ?1 AND input = ?2", args![q.id, seq, now, token, expires])?;
                 let completion = q.spec.completions[0].clone();
                 if q.spec.semantics == Semantics::AtMostOnce {
                     let delivered = Fact::builder(system::DELIVERED)
@@ -176,25 +192,16 @@ impl Writer<'_> {
         lease: &Lease,
         handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
     ) -> Result<T> {
-        self.tx
-            .prepare_cached("SAVEPOINT precedent_complete")?
-            .execute([])?;
-        let held_before = self.held_snapshot();
-        let result = self.complete_in_savepoint(lease, handler);
-        match result {
-            Ok(v) => {
-                self.tx
-                    .prepare_cached("RELEASE precedent_complete")?
-                    .execute([])?;
-                Ok(v)
-            }
-            Err(e) => {
-                self.tx
-                    .execute_batch("ROLLBACK TO precedent_complete; RELEASE precedent_complete")?;
-                self.restore_after_rollback(held_before);
-                Err(e)
-            }
+        let rates = self.state::<QueueTx>().rates.len();
+        let result = self.savepoint(|w| w.complete_in_savepoint(lease, handler));
+        if result.is_err() {
+            // What the savepoint wrote is gone: so are the rate counts it gathered, and
+            // the declarations it may have read are read again.
+            let qtx = self.state::<QueueTx>();
+            qtx.rates.truncate(rates);
+            uncheck(self.split().1);
         }
+        result
     }
 
     fn complete_in_savepoint<T>(
@@ -208,10 +215,10 @@ impl Writer<'_> {
             self.check_lease(lease)?;
         }
         let value = handler(self)?;
-        let pending = self
-            .tx
-            .prepare_cached("SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2")?
-            .exists(params![lease.queue_id, lease.seq])?;
+        let pending = self.sql().exists(
+            "SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2",
+            args![lease.queue_id, lease.seq],
+        )?;
         if pending {
             return Err(Error::NotCompleted {
                 queue: lease.queue.clone(),
@@ -232,12 +239,14 @@ impl Writer<'_> {
             return Ok(FailOutcome::Dropped);
         }
         self.check_lease(lease)?;
-        self.bump_rate(q.id, "failed")?;
-        let (attempts, first): (i64, Option<i64>) = self
-            .tx
-            .prepare_cached("SELECT attempts, first_attempt_at FROM queue_item WHERE queue_id = ?1 AND input = ?2")?
-            .query_row(params![q.id, lease.seq], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        let now = self.clock.now_ms();
+        let now = self.now_ms();
+        super::index::bump_rate(self.split().1, now, q.id, "failed");
+        let (attempts, first): (i64, Option<i64>) = self.sql().query_one(
+            "SELECT attempts, first_attempt_at FROM queue_item WHERE queue_id = ?1 AND input = ?2",
+            args![q.id, lease.seq],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let now = self.now_ms();
         match failure {
             Failure::Permanent(reason) => Ok(FailOutcome::DeadLettered(self.dead_letter(
                 q,
@@ -264,17 +273,26 @@ impl Writer<'_> {
                         first,
                     )?));
                 }
-                let at = now + q.spec.backoff_ms(attempts as u32, self.ctx.rng.f64());
-                self.tx
-                    .prepare_cached(
-                        "UPDATE queue_item SET state = 0, claimable_at = ?3, lease_token = NULL, last_error = ?4
-                         WHERE queue_id = ?1 AND input = ?2",
-                    )?
-                    .execute(params![q.id, lease.seq, at, reason])?;
+                let at = now + q.spec.backoff_ms(attempts as u32, rng(self, |r| r.f64()));
+                self.sql()
+                    .execute("UPDATE queue_item SET state = 0, claimable_at = ?3, lease_token = NULL, last_error = ?4
+                         WHERE queue_id = ?1 AND input = ?2", args![q.id, lease.seq, at, reason])?;
                 Ok(FailOutcome::Retry { at_ms: at })
             }
         }
     }
+}
+
+/// The input a hash names in queue `id`: the hash itself if it is an unfinished input, or
+/// the input of a dead letter / poison entry.
+fn input_of(r: &dyn ReadTx, id: i64, hash: &FactHash) -> Result<Option<FactHash>> {
+    r.query_opt(
+        "SELECT f.hash FROM queue_item i JOIN fact f ON f.seq = i.input
+         LEFT JOIN fact e ON e.seq = i.entry
+         WHERE i.queue_id = ?1 AND (f.hash = ?2 OR e.hash = ?2)",
+        args![id, hash],
+        |r| r.hash(0),
+    )
 }
 
 impl Store {
@@ -283,8 +301,8 @@ impl Store {
     /// that is an unfinished input is indexed, in release order.
     ///
     /// # Errors
-    /// [`Error::Queue`] for an invalid spec; [`Error::Sqlite`].
-    pub fn declare_queue(&mut self, spec: &QueueSpec) -> Result<()> {
+    /// [`Error::Queue`] for an invalid spec; [`Error::Backend`].
+    pub fn declare_queue(&self, spec: &QueueSpec) -> Result<()> {
         spec.check().map_err(|reason| Error::Queue {
             queue: spec.name.clone(),
             reason,
@@ -299,30 +317,31 @@ impl Store {
                     || o.spec.completions != spec.completions
                     || o.spec.ordering != spec.ordering
             });
-            let now = w.clock.now_ms();
+            let now = w.now_ms();
+            let tx = w.sql();
             let id: i64 = match old {
                 Some(o) => {
-                    w.tx.execute(
+                    tx.execute(
                         "UPDATE queue SET config = ?2 WHERE id = ?1",
-                        params![o.id, config],
+                        args![o.id, &config],
                     )?;
                     o.id
                 }
-                None => w.tx.query_row(
+                None => tx.query_one(
                     "INSERT INTO queue (name, config, created_at) VALUES (?1, ?2, ?3) RETURNING id",
-                    params![spec.name, config, now],
+                    args![&spec.name, &config, now],
                     |r| r.get(0),
                 )?,
             };
             if rebuild {
-                w.tx.execute("DELETE FROM queue_item WHERE queue_id = ?1", [id])?;
-                w.tx.execute("DELETE FROM queue_block WHERE queue_id = ?1", [id])?;
+                tx.execute("DELETE FROM queue_item WHERE queue_id = ?1", args![id])?;
+                tx.execute("DELETE FROM queue_block WHERE queue_id = ?1", args![id])?;
             }
-            w.tx.execute(
+            tx.execute(
                 "UPDATE counter SET value = value + 1 WHERE name = 'queues'",
-                [],
+                args![],
             )?;
-            w.queues_checked = false;
+            uncheck(w.split().1);
             if rebuild {
                 backfill(w, spec, id)?;
             }
@@ -334,23 +353,25 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::UnknownQueue`].
-    pub fn drop_queue(&mut self, name: &str) -> Result<()> {
+    pub fn drop_queue(&self, name: &str) -> Result<()> {
         self.write(|w| {
-            let id: i64 =
-                w.tx.query_row("SELECT id FROM queue WHERE name = ?1", [name], |r| r.get(0))
-                    .optional()?
-                    .ok_or_else(|| unknown(name))?;
+            let tx = w.sql();
+            let id: i64 = tx
+                .query_opt("SELECT id FROM queue WHERE name = ?1", args![name], |r| {
+                    r.get(0)
+                })?
+                .ok_or_else(|| unknown(name))?;
             for sql in [
                 "DELETE FROM queue_item WHERE queue_id = ?1",
                 "DELETE FROM queue_block WHERE queue_id = ?1",
                 "DELETE FROM queue_rate WHERE queue_id = ?1",
                 "DELETE FROM queue WHERE id = ?1",
             ] {
-                w.tx.execute(sql, [id])?;
+                tx.execute(sql, args![id])?;
             }
-            w.tx.execute(
+            tx.execute(
                 "UPDATE counter SET value = value + 1 WHERE name = 'queues'",
-                [],
+                args![],
             )?;
             Ok(())
         })
@@ -359,16 +380,18 @@ impl Store {
     /// The declared queues.
     ///
     /// # Errors
-    /// [`Error::Sqlite`].
-    pub fn queues(&mut self) -> Result<Vec<QueueSpec>> {
-        let defs = load_defs(&self.conn, &self.ctx.queues)?;
-        self.ctx.queues = Some(defs.clone());
+    /// [`Error::Backend`].
+    pub fn queues(&self) -> Result<Vec<QueueSpec>> {
+        let defs = self.read(|r| self.defs(r))?;
         Ok(defs.queues.iter().map(|q| q.spec.clone()).collect())
     }
 
-    fn def(&mut self, name: &str) -> Result<(i64, QueueSpec)> {
-        let defs = load_defs(&self.conn, &self.ctx.queues)?;
-        self.ctx.queues = Some(defs.clone());
+    fn defs(&self, r: &dyn ReadTx) -> Result<Arc<QueueDefs>> {
+        load_defs(r, &self.extension::<QueueCache>())
+    }
+
+    fn def(&self, name: &str) -> Result<(i64, QueueSpec)> {
+        let defs = self.read(|r| self.defs(r))?;
         defs.by_name(name)
             .map(|q| (q.id, q.spec.clone()))
             .ok_or_else(|| unknown(name))
@@ -379,8 +402,8 @@ impl Store {
     /// whose expired lease exhausted the retry budget is dead-lettered instead.
     ///
     /// # Errors
-    /// [`Error::UnknownQueue`], [`Error::Sqlite`].
-    pub fn claim(&mut self, queue: &str, n: usize) -> Result<Vec<Lease>> {
+    /// [`Error::UnknownQueue`], [`Error::Backend`].
+    pub fn claim(&self, queue: &str, n: usize) -> Result<Vec<Lease>> {
         self.write(|w| w.claim(queue, n))
     }
 
@@ -388,15 +411,15 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::LeaseLost`] if it expired and another worker claimed the input.
-    pub fn extend(&mut self, lease: &Lease) -> Result<Lease> {
+    pub fn extend(&self, lease: &Lease) -> Result<Lease> {
         let (_, spec) = self.def(&lease.queue)?;
         self.write(|w| {
             w.check_lease(lease)?;
-            let expires = w.clock.now_ms() + spec.lease_ms;
-            w.tx.prepare_cached(
+            let expires = w.now_ms() + spec.lease_ms;
+            w.sql().execute(
                 "UPDATE queue_item SET claimable_at = ?3 WHERE queue_id = ?1 AND input = ?2",
-            )?
-            .execute(params![lease.queue_id, lease.seq, expires])?;
+                args![lease.queue_id, lease.seq, expires],
+            )?;
             Ok(Lease {
                 expires_at_ms: expires,
                 ..lease.clone()
@@ -413,7 +436,7 @@ impl Store {
     /// [`Error::NotCompleted`] if the handler wrote no completing fact; whatever the
     /// handler returns. In every error case nothing is written.
     pub fn complete<T>(
-        &mut self,
+        &self,
         lease: &Lease,
         handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
     ) -> Result<T> {
@@ -426,10 +449,10 @@ impl Store {
     /// behind while the others still commit. Returns one result per lease, in order.
     ///
     /// # Errors
-    /// The outer error is for the transaction itself ([`Error::Sqlite`]); per-lease
+    /// The outer error is for the transaction itself ([`Error::Backend`]); per-lease
     /// failures are in the returned list.
     pub fn complete_batch(
-        &mut self,
+        &self,
         leases: &[Lease],
         mut handler: impl FnMut(&mut Writer<'_>, &Lease) -> Result<()>,
     ) -> Result<Vec<Result<()>>> {
@@ -445,7 +468,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::UnknownQueue`].
-    pub fn queue(&mut self, name: &str) -> Result<QueueSpec> {
+    pub fn queue(&self, name: &str) -> Result<QueueSpec> {
         Ok(self.def(name)?.1)
     }
 
@@ -456,7 +479,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::LeaseLost`] if the lease is no longer held.
-    pub fn fail(&mut self, lease: &Lease, failure: Failure) -> Result<FailOutcome> {
+    pub fn fail(&self, lease: &Lease, failure: Failure) -> Result<FailOutcome> {
         self.write(|w| w.fail(lease, &failure))
     }
 
@@ -465,18 +488,15 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::LeaseLost`] if the lease is no longer held.
-    pub fn release(&mut self, lease: Lease) -> Result<()> {
+    pub fn release(&self, lease: Lease) -> Result<()> {
         self.write(|w| {
             w.check_lease(&lease)?;
-            let now = w.clock.now_ms();
-            w.tx
-                .prepare_cached(
-                    "UPDATE queue_item SET state = 0, claimable_at = ?3, lease_token = NULL,
+            let now = w.now_ms();
+            w.sql()
+                .execute("UPDATE queue_item SET state = 0, claimable_at = ?3, lease_token = NULL,
                          attempts = attempts - 1,
                          first_attempt_at = CASE WHEN attempts = 1 THEN NULL ELSE first_attempt_at END
-                     WHERE queue_id = ?1 AND input = ?2",
-                )?
-                .execute(params![lease.queue_id, lease.seq, now])?;
+                     WHERE queue_id = ?1 AND input = ?2", args![lease.queue_id, lease.seq, now])?;
             Ok(())
         })
     }
@@ -487,7 +507,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Queue`] if the input is not dead-lettered or poison in `queue`.
-    pub fn redrive(&mut self, queue: &str, entry_or_input: &FactHash) -> Result<FactHash> {
+    pub fn redrive(&self, queue: &str, entry_or_input: &FactHash) -> Result<FactHash> {
         let (id, spec) = self.def(queue)?;
         let entry = self
             .entry_of(id, entry_or_input)?
@@ -497,7 +517,7 @@ impl Store {
                     "{entry_or_input} is not a dead-lettered or poison input of this queue"
                 ),
             })?;
-        let now = self.options.clock.now_ms();
+        let now = self.options().clock.now_ms();
         let fact = Fact::builder(system::REDRIVE)
             .field("queue", spec.name.as_str())
             .field("at", now)
@@ -511,13 +531,13 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Queue`] if the input is not an unfinished input of `queue`.
-    pub fn discard(&mut self, queue: &str, input: &FactHash, reason: &str) -> Result<FactHash> {
+    pub fn discard(&self, queue: &str, input: &FactHash, reason: &str) -> Result<FactHash> {
         let (id, spec) = self.def(queue)?;
         let input = self.input_of(id, input)?.ok_or_else(|| Error::Queue {
             queue: queue.to_string(),
             reason: format!("{input} is not an unfinished input of this queue"),
         })?;
-        let now = self.options.clock.now_ms();
+        let now = self.options().clock.now_ms();
         let fact = Fact::builder(system::DISCARD)
             .field("queue", spec.name.as_str())
             .field("reason", reason)
@@ -531,155 +551,72 @@ impl Store {
     /// The input a hash names in queue `id`: the hash itself if it is an unfinished input,
     /// or the input of a dead letter / poison entry.
     fn input_of(&self, id: i64, hash: &FactHash) -> Result<Option<FactHash>> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT f.hash FROM queue_item i JOIN fact f ON f.seq = i.input
-                 LEFT JOIN fact e ON e.seq = i.entry
-                 WHERE i.queue_id = ?1 AND (f.hash = ?2 OR e.hash = ?2)",
-            )?
-            .query_row(params![id, &hash.0[..]], |r| hash_of(r.get(0)?))
-            .optional()?)
+        self.read(|r| input_of(r, id, hash))
     }
 
     fn entry_of(&self, id: i64, hash: &FactHash) -> Result<Option<FactHash>> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT e.hash FROM queue_item i JOIN fact f ON f.seq = i.input JOIN fact e ON e.seq = i.entry
-                 WHERE i.queue_id = ?1 AND i.state IN (3, 4) AND (f.hash = ?2 OR e.hash = ?2)",
-            )?
-            .query_row(params![id, &hash.0[..]], |r| hash_of(r.get(0)?))
-            .optional()?)
+        self.read(|r| {
+            r.query_opt("SELECT e.hash FROM queue_item i JOIN fact f ON f.seq = i.input JOIN fact e ON e.seq = i.entry
+                 WHERE i.queue_id = ?1 AND i.state IN (3, 4) AND (f.hash = ?2 OR e.hash = ?2)", args![id, hash], |r| r.hash(0))
+        })
     }
 
     /// Unfinished inputs of a queue in one state (or all), oldest first, up to `limit`.
     ///
     /// # Errors
-    /// [`Error::UnknownQueue`], [`Error::Sqlite`].
+    /// [`Error::UnknownQueue`], [`Error::Backend`].
     pub fn queue_items(
-        &mut self,
+        &self,
         queue: &str,
         state: Option<ItemState>,
         limit: usize,
     ) -> Result<Vec<ItemInfo>> {
         let (id, _) = self.def(queue)?;
-        let seqs: Vec<i64> = self
-            .conn
-            .prepare_cached("SELECT input FROM queue_item WHERE queue_id = ?1 AND (?2 IS NULL OR state = ?2) ORDER BY input LIMIT ?3")?
-            .query_map(params![id, state.map(ItemState::code), limit as i64], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        seqs.into_iter().map(|s| self.item_info(id, s)).collect()
+        self.read(|r| {
+            let seqs: Vec<i64> = r.query_vec(
+                "SELECT input FROM queue_item WHERE queue_id = ?1 AND (?2 IS NULL OR state = ?2)
+                 ORDER BY input LIMIT ?3",
+                args![id, state.map(ItemState::code), limit as i64],
+                |r| r.get(0),
+            )?;
+            seqs.into_iter().map(|s| item_info(r, id, s)).collect()
+        })
     }
 
     /// One input's state in a queue, or `None` if it is not an unfinished input there
     /// (`hash` may also be its dead letter or poison entry).
     ///
     /// # Errors
-    /// [`Error::UnknownQueue`], [`Error::Sqlite`].
-    pub fn queue_item(&mut self, queue: &str, hash: &FactHash) -> Result<Option<ItemInfo>> {
+    /// [`Error::UnknownQueue`], [`Error::Backend`].
+    pub fn queue_item(&self, queue: &str, hash: &FactHash) -> Result<Option<ItemInfo>> {
         let (id, _) = self.def(queue)?;
-        let Some(input) = self.input_of(id, hash)? else {
-            return Ok(None);
-        };
-        let seq = self.seq_of(&input)?.expect("an item's input is released");
-        self.item_info(id, seq).map(Some)
-    }
-
-    fn item_info(&self, id: i64, seq: i64) -> Result<ItemInfo> {
-        let mut info = self.conn.prepare_cached(
-            "SELECT f.hash, i.state, i.attempts, i.first_attempt_at, i.claimable_at, i.last_error, e.hash
-             FROM queue_item i JOIN fact f ON f.seq = i.input LEFT JOIN fact e ON e.seq = i.entry
-             WHERE i.queue_id = ?1 AND i.input = ?2",
-        )?
-        .query_row(params![id, seq], |r| {
-            Ok(ItemInfo {
-                input: hash_of(r.get(0)?)?,
-                state: ItemState::from_code(r.get(1)?).unwrap_or(ItemState::Ready),
-                attempts: r.get::<_, i64>(2)? as u32,
-                first_attempt_at_ms: r.get(3)?,
-                available_at_ms: r.get(4)?,
-                last_error: r.get(5)?,
-                entry: r.get::<_, Option<Vec<u8>>>(6)?.map(hash_of).transpose()?,
-                blocked_by: Vec::new(),
-            })
-        })?;
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT f.hash, i.state FROM queue_block b JOIN queue_item i ON i.queue_id = b.queue_id AND i.input = b.blocker
-             JOIN fact f ON f.seq = b.blocker WHERE b.queue_id = ?1 AND b.blocked = ?2 ORDER BY b.blocker",
-        )?;
-        for row in stmt.query_map(params![id, seq], |r| {
-            Ok((hash_of(r.get(0)?)?, r.get::<_, i64>(1)?))
-        })? {
-            let (h, s) = row?;
-            info.blocked_by
-                .push((h, ItemState::from_code(s).unwrap_or(ItemState::Ready)));
-        }
-        Ok(info)
+        self.read(|r| {
+            let Some(input) = input_of(r, id, hash)? else {
+                return Ok(None);
+            };
+            let seq = r.seq_of(&input)?.ok_or_else(|| Error::Corrupt {
+                hash: input,
+                reason: format!("an input of queue {queue} that is not released"),
+            })?;
+            item_info(r, id, seq).map(Some)
+        })
     }
 
     /// Counts, ages and rates for a queue.
     ///
     /// # Errors
-    /// [`Error::UnknownQueue`], [`Error::Sqlite`].
-    pub fn queue_stats(&mut self, queue: &str) -> Result<QueueStats> {
+    /// [`Error::UnknownQueue`], [`Error::Backend`].
+    pub fn queue_stats(&self, queue: &str) -> Result<QueueStats> {
         let (id, spec) = self.def(queue)?;
-        let now = self.options.clock.now_ms();
-        let mut s = QueueStats {
-            queue: spec.name.clone(),
-            ..QueueStats::default()
-        };
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT state, claimable_at <= ?2, count(*), min(claimable_at) FROM queue_item WHERE queue_id = ?1 GROUP BY 1, 2",
-        )?;
-        let rows = stmt.query_map(params![id, now], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, Option<bool>>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, Option<i64>>(3)?,
-            ))
-        })?;
-        let mut oldest: Option<i64> = None;
-        for row in rows {
-            let (state, due, n, min_at) = row?;
-            let n = n as u64;
-            match (ItemState::from_code(state), due) {
-                (Some(ItemState::Ready | ItemState::Leased), Some(true)) => {
-                    s.ready += n;
-                    oldest = oldest.min(min_at).or(min_at);
-                }
-                (Some(ItemState::Ready), _) => s.delayed += n,
-                (Some(ItemState::Leased), _) => s.leased += n,
-                (Some(ItemState::Blocked), _) => s.blocked += n,
-                (Some(ItemState::Dead), _) => s.dead += n,
-                (Some(ItemState::Poison), _) => s.poison += n,
-                (None, _) => {}
-            }
-        }
-        s.oldest_ready_ms = oldest.map_or(0, |o| (now - o).max(0));
-        let (completed, discarded): (i64, i64) = self.conn.query_row(
-            "SELECT completed, discarded FROM queue WHERE id = ?1",
-            [id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        s.completed = completed as u64;
-        s.discarded = discarded as u64;
-        let (c5, f5): (i64, i64) = self.conn.query_row(
-            "SELECT coalesce(sum(completed), 0), coalesce(sum(failed), 0) FROM queue_rate WHERE queue_id = ?1 AND minute > ?2",
-            params![id, now / 60_000 - 5],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        s.completed_5m = c5 as u64;
-        s.failed_5m = f5 as u64;
-        Ok(s)
+        let now = self.options().clock.now_ms();
+        self.read(|r| queue_stats(r, id, spec, now))
     }
 
     /// The alert thresholds of every queue (or one) that are breached now.
     ///
     /// # Errors
-    /// [`Error::UnknownQueue`], [`Error::Sqlite`].
-    pub fn queue_check(&mut self, only: Option<&str>) -> Result<Vec<Breach>> {
+    /// [`Error::UnknownQueue`], [`Error::Backend`].
+    pub fn queue_check(&self, only: Option<&str>) -> Result<Vec<Breach>> {
         let specs: Vec<QueueSpec> = match only {
             Some(name) => vec![self.def(name)?.1],
             None => self.queues()?,
@@ -706,6 +643,94 @@ impl Store {
     }
 }
 
+/// One input's state in queue `id`.
+fn item_info(r: &dyn ReadTx, id: i64, seq: i64) -> Result<ItemInfo> {
+    let mut info = r.query_one(
+        "SELECT f.hash, i.state, i.attempts, i.first_attempt_at, i.claimable_at, i.last_error, e.hash
+         FROM queue_item i JOIN fact f ON f.seq = i.input LEFT JOIN fact e ON e.seq = i.entry
+         WHERE i.queue_id = ?1 AND i.input = ?2",
+        args![id, seq],
+        |r| {
+            Ok(ItemInfo {
+                input: r.hash(0)?,
+                state: state_of(r.get(1)?)?,
+                attempts: r.get::<i64>(2)? as u32,
+                first_attempt_at_ms: r.get(3)?,
+                available_at_ms: r.get(4)?,
+                last_error: r.get(5)?,
+                entry: match r.value(6)? {
+                    crate::store::ValueRef::Null => None,
+                    _ => Some(r.hash(6)?),
+                },
+                blocked_by: Vec::new(),
+            })
+        },
+    )?;
+    info.blocked_by = r.query_vec(
+        "SELECT f.hash, i.state FROM queue_block b
+         JOIN queue_item i ON i.queue_id = b.queue_id AND i.input = b.blocker
+         JOIN fact f ON f.seq = b.blocker WHERE b.queue_id = ?1 AND b.blocked = ?2 ORDER BY b.blocker",
+        args![id, seq],
+        |r| Ok((r.hash(0)?, state_of(r.get(1)?)?)),
+    )?;
+    Ok(info)
+}
+
+/// A stored state code; an unknown one is damage, not a state to guess.
+fn state_of(code: i64) -> Result<ItemState> {
+    ItemState::from_code(code).ok_or_else(|| Error::Queue {
+        queue: String::new(),
+        reason: format!("stored item state {code} is not a known state"),
+    })
+}
+
+/// Counts, ages and rates for queue `id`.
+fn queue_stats(r: &dyn ReadTx, id: i64, spec: QueueSpec, now: i64) -> Result<QueueStats> {
+    let mut s = QueueStats {
+        queue: spec.name.clone(),
+        ..QueueStats::default()
+    };
+    let rows: Vec<(i64, Option<i64>, i64, Option<i64>)> = r.query_vec(
+        "SELECT state, claimable_at <= ?2, count(*), min(claimable_at) FROM queue_item
+         WHERE queue_id = ?1 GROUP BY 1, 2",
+        args![id, now],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )?;
+    let mut oldest: Option<i64> = None;
+    for (state, due, n, min_at) in rows {
+        let n = n as u64;
+        match (ItemState::from_code(state), due.map(|d| d != 0)) {
+            (Some(ItemState::Ready | ItemState::Leased), Some(true)) => {
+                s.ready += n;
+                oldest = oldest.min(min_at).or(min_at);
+            }
+            (Some(ItemState::Ready), _) => s.delayed += n,
+            (Some(ItemState::Leased), _) => s.leased += n,
+            (Some(ItemState::Blocked), _) => s.blocked += n,
+            (Some(ItemState::Dead), _) => s.dead += n,
+            (Some(ItemState::Poison), _) => s.poison += n,
+            (None, _) => {}
+        }
+    }
+    s.oldest_ready_ms = oldest.map_or(0, |o| (now - o).max(0));
+    let (completed, discarded): (i64, i64) = r.query_one(
+        "SELECT completed, discarded FROM queue WHERE id = ?1",
+        args![id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    s.completed = completed as u64;
+    s.discarded = discarded as u64;
+    let (c5, f5): (i64, i64) = r.query_one(
+        "SELECT coalesce(sum(completed), 0), coalesce(sum(failed), 0) FROM queue_rate
+         WHERE queue_id = ?1 AND minute > ?2",
+        args![id, now / 60_000 - 5],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    s.completed_5m = c5 as u64;
+    s.failed_5m = f5 as u64;
+    Ok(s)
+}
+
 /// Indexes the stored facts that bear on a new declaration, replaying them in release
 /// order: inputs, completing facts and the queue's own system facts.
 fn backfill(w: &mut Writer<'_>, spec: &QueueSpec, id: i64) -> Result<()> {
@@ -720,7 +745,7 @@ fn backfill(w: &mut Writer<'_>, spec: &QueueSpec, id: i64) -> Result<()> {
     ]);
     let mut type_ids = Vec::new();
     for t in types {
-        if let Some(tid) = w.ctx.names.lookup(&w.tx, super::names::Kind::Type, t)? {
+        if let Some(tid) = w.sql().name_id(false, t)? {
             type_ids.push(tid);
         }
     }
@@ -732,15 +757,14 @@ fn backfill(w: &mut Writer<'_>, spec: &QueueSpec, id: i64) -> Result<()> {
         .collect::<Vec<_>>()
         .join(",");
     // The ids are integers read from our own table, so building the IN list is safe.
-    let sql = format!("SELECT seq, hash, bytes FROM fact WHERE type_id IN ({list}) ORDER BY seq");
-    let rows: Vec<(i64, Vec<u8>, Vec<u8>)> =
-        w.tx.prepare(&sql)?
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-            .collect::<rusqlite::Result<_>>()?;
-    for (seq, hash, bytes) in rows {
-        let hash = hash_of(hash)?;
-        let fact = super::read::fact_from_row(&hash, &bytes)?;
-        w.queue_on_release(&fact, seq, Some(id))?;
+    let sql = format!("SELECT seq FROM fact WHERE type_id IN ({list}) ORDER BY seq");
+    let seqs: Vec<i64> = w.sql().query_vec(&sql, args![], |r| r.get(0))?;
+    for seq in seqs {
+        let fact = w.sql().fact_at(seq)?.ok_or_else(|| Error::Queue {
+            queue: spec.name.clone(),
+            reason: format!("released fact {seq} vanished during the back-fill"),
+        })?;
+        with_index(w, |ix| ix.queue_on_release(&fact, seq, Some(id)))?;
     }
     Ok(())
 }

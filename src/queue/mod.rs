@@ -5,11 +5,17 @@
 //! whatever brought it (an insert, an import, a sync, another process). Handling an input
 //! means writing a completing fact in the same transaction as the handler's own rows
 //! ([`crate::Store::complete`]), so effects inside the database happen exactly once under
-//! at-least-once delivery. `docs/semantics.md` states every promise; the SQL lives in
-//! `src/store/queue.rs`.
+//! at-least-once delivery. `docs/semantics.md` states every promise.
+//!
+//! The queue is a client of the fact core: the index is kept by a release hook
+//! (`index.rs`), and claim, complete and the rest (`work.rs`) run their SQL through the
+//! store's seam ([`crate::store::Sql`]).
 //!
 //! Dead letters, poison entries, redrives and discards are facts (types in [`system`]),
 //! so their history is auditable, syncs to other nodes, and never changes.
+
+mod index;
+mod work;
 
 use serde::{Deserialize, Serialize};
 

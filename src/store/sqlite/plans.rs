@@ -3,13 +3,12 @@
 //! scans it per fact turns a load into hours (this happened once, in `verify`).
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use rusqlite::trace::{TraceEvent, TraceEventCodes};
-
-use super::Store;
+use super::SqliteBackend;
 use crate::fact::Fact;
 use crate::hash::{FactHash, HashPrefix};
+use crate::store::{Store, StoreOptions};
 
 /// Statements that read a whole held-set table on purpose, found by a piece of their text:
 /// `verify`'s passes and counts, the held listing (in arrival order, with a limit), and the
@@ -31,20 +30,16 @@ fn fact(n: i64, preds: &[FactHash]) -> Fact {
 
 #[test]
 fn statements_on_the_held_set_search_indexes() {
-    let mut store = Store::open_in_memory().unwrap();
-    let seen: Arc<Mutex<BTreeSet<String>>> = Arc::default();
-    let sink = seen.clone();
-    store
-        .conn
-        .trace_v2(
-            TraceEventCodes::SQLITE_TRACE_STMT,
-            Some(move |e: TraceEvent<'_>| {
-                if let TraceEvent::Stmt(stmt, _) = e {
-                    sink.lock().unwrap().insert(stmt.sql().into_owned());
-                }
-            }),
-        )
-        .unwrap();
+    // Statements seen, from every connection of the store (a `fn` tracer: one test).
+    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let dir = std::env::temp_dir().join(format!("precedent-plans-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plans.db");
+    let backend = SqliteBackend::open(&path, StoreOptions::default()).unwrap();
+    backend.trace(|sql| {
+        SEEN.lock().unwrap().insert(sql.to_string());
+    });
+    let store = Store::with_backend(Box::new(backend), StoreOptions::default());
 
     // A chain with fan-in, children first: in one batch (waits by row id), then one fact
     // at a time (waits by hash), so both kinds of wait are written, read and released.
@@ -76,7 +71,7 @@ fn statements_on_the_held_set_search_indexes() {
         .unwrap();
     assert!(store.verify(|_| {}).unwrap().is_clean());
 
-    let statements: Vec<String> = seen
+    let statements: Vec<String> = SEEN
         .lock()
         .unwrap()
         .iter()
@@ -88,11 +83,9 @@ fn statements_on_the_held_set_search_indexes() {
         statements.len() >= 15,
         "too few statements seen: {statements:#?}"
     );
+    let raw = rusqlite::Connection::open(&path).unwrap();
     for sql in statements {
-        let mut explain = store
-            .conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-            .unwrap();
+        let mut explain = raw.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
         // Parameters left unbound are NULL: the plan does not depend on them.
         let mut rows = explain.raw_query();
         let mut plan: Vec<String> = Vec::new();
@@ -104,4 +97,6 @@ fn statements_on_the_held_set_search_indexes() {
             "{sql}\nscans: {plan:?}"
         );
     }
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
 }

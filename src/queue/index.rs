@@ -1,17 +1,82 @@
 //! The queue index: which inputs of which queue are unfinished, kept up to date in the
-//! transaction that releases each fact. All queue SQL lives here and in `work.rs`.
+//! transaction that releases each fact by a release hook ([`QueueIndex`]), through the
+//! store's seam. All queue SQL lives here and in `work.rs`.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use rusqlite::{Connection, OptionalExtension, params};
-
-use super::names::Kind;
-use super::write::Writer;
+use crate::args;
 use crate::error::{Error, Result};
 use crate::fact::{Fact, Value};
 use crate::hash::FactHash;
 use crate::queue::{ItemState, Ordering, QueueSpec, system};
+use crate::store::{HookCtx, ReadTx, ReleaseHook, SqlExt, StoreOptions, TxState};
+
+/// The release hook that keeps the queue index.
+#[derive(Debug, Default)]
+pub(crate) struct QueueIndex;
+
+impl Default for StoreOptions {
+    /// The defaults: at most 1,000,000 held facts, [`crate::store::Durability::Full`],
+    /// a 64 MiB cache, a 5 s busy timeout, the system clock, and the queue index as the
+    /// release hook. (Written here, beside the index, since the core knows no queue.)
+    fn default() -> StoreOptions {
+        StoreOptions {
+            release_hooks: vec![Arc::new(QueueIndex)],
+            ..StoreOptions::bare()
+        }
+    }
+}
+
+impl ReleaseHook for QueueIndex {
+    fn on_release(&self, ctx: &mut HookCtx<'_>, fact: &Fact, seq: i64) -> Result<()> {
+        let cache = ctx.store().extension::<QueueCache>();
+        let mut q = Ix {
+            tx: ctx.tx,
+            now: ctx.now_ms(),
+            state: ctx.state,
+            cache: &cache,
+            later: Vec::new(),
+        };
+        q.queue_on_release(fact, seq, None)?;
+        for f in q.later {
+            ctx.insert_later(f);
+        }
+        Ok(())
+    }
+
+    fn before_commit(&self, ctx: &mut HookCtx<'_>) -> Result<()> {
+        flush_rates(ctx.tx, ctx.state)
+    }
+}
+
+/// The store's queue declarations, as of the `queues` counter they were read at, and the
+/// randomness for lease tokens and backoff jitter.
+#[derive(Default)]
+pub(crate) struct QueueCache {
+    defs: Mutex<Option<Arc<QueueDefs>>>,
+    pub(crate) rng: Mutex<fastrand::Rng>,
+}
+
+/// What the queue code keeps for one write transaction.
+#[derive(Default)]
+pub(crate) struct QueueTx {
+    /// Whether the declarations were checked for this transaction.
+    pub(crate) checked: bool,
+    /// Completions and failures to add to the per-minute rates at commit:
+    /// (queue id, minute, completed, failed).
+    pub(crate) rates: Vec<(i64, i64, i64, i64)>,
+}
+
+/// The queue index at work in one transaction: its reads and SQL, the clock reading, the
+/// transaction's queue state, and the facts to insert once the current insert returns.
+pub(crate) struct Ix<'a> {
+    pub(crate) tx: &'a dyn ReadTx,
+    pub(crate) now: i64,
+    pub(crate) state: &'a mut TxState,
+    pub(crate) cache: &'a QueueCache,
+    pub(crate) later: Vec<Fact>,
+}
 
 /// One declared queue.
 #[derive(Debug)]
@@ -33,37 +98,35 @@ impl QueueDefs {
     }
 }
 
-/// Reads the declarations unless `cached` is still current.
-pub(crate) fn load_defs(
-    conn: &Connection,
-    cached: &Option<Arc<QueueDefs>>,
-) -> Result<Arc<QueueDefs>> {
-    let generation: i64 = conn
-        .prepare_cached("SELECT value FROM counter WHERE name = 'queues'")?
-        .query_row([], |r| r.get(0))?;
-    if let Some(c) = cached
+/// Reads the declarations unless the cached ones are still current.
+pub(crate) fn load_defs(tx: &dyn ReadTx, cache: &QueueCache) -> Result<Arc<QueueDefs>> {
+    let generation: i64 = tx.query_one(
+        "SELECT value FROM counter WHERE name = 'queues'",
+        args![],
+        |r| r.get(0),
+    )?;
+    let mut cached = cache.defs.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = &*cached
         && c.generation == generation
     {
         return Ok(c.clone());
     }
-    let mut stmt = conn.prepare_cached("SELECT id, name, config FROM queue ORDER BY id")?;
-    let rows = stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, String>(2)?,
-        ))
-    })?;
+    let rows: Vec<(i64, String, String)> = tx.query_vec(
+        "SELECT id, name, config FROM queue ORDER BY id",
+        args![],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
     let mut queues = Vec::new();
-    for row in rows {
-        let (id, name, config) = row?;
+    for (id, name, config) in rows {
         let spec: QueueSpec = serde_json::from_str(&config).map_err(|e| Error::Queue {
             queue: name,
             reason: format!("stored declaration does not parse: {e}"),
         })?;
         queues.push(QueueDef { id, spec });
     }
-    Ok(Arc::new(QueueDefs { generation, queues }))
+    let defs = Arc::new(QueueDefs { generation, queues });
+    *cached = Some(defs.clone());
+    Ok(defs)
 }
 
 fn text_field(fact: &Fact, name: &str) -> Option<String> {
@@ -79,15 +142,39 @@ fn one_pred(fact: &Fact, role: &str) -> Option<FactHash> {
         .and_then(|s| s.iter().next().copied())
 }
 
-impl Writer<'_> {
+/// The queue declarations for this transaction: read once per transaction (a cheap
+/// counter check when the cache is current).
+pub(crate) fn defs_for(
+    tx: &dyn ReadTx,
+    state: &mut TxState,
+    cache: &QueueCache,
+) -> Result<Arc<QueueDefs>> {
+    let qtx = state.get::<QueueTx>();
+    if qtx.checked {
+        if let Some(d) = &*cache.defs.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Ok(d.clone());
+        }
+    }
+    let defs = load_defs(tx, cache)?;
+    state.get::<QueueTx>().checked = true;
+    Ok(defs)
+}
+
+/// Forgets that this transaction checked the declarations (after a declaration changed,
+/// or a savepoint rolled back).
+pub(crate) fn uncheck(state: &mut TxState) {
+    state.get::<QueueTx>().checked = false;
+}
+
+impl Ix<'_> {
     /// The queue declarations for this transaction.
     pub(crate) fn queue_defs(&mut self) -> Result<Arc<QueueDefs>> {
-        if !self.queues_checked || self.ctx.queues.is_none() {
-            let defs = load_defs(&self.tx, &self.ctx.queues)?;
-            self.ctx.queues = Some(defs);
-            self.queues_checked = true;
-        }
-        Ok(self.ctx.queues.clone().expect("loaded above"))
+        defs_for(self.tx, self.state, self.cache)
+    }
+
+    /// The release sequence of `hash`, if released.
+    pub(crate) fn released_seq(&self, hash: &FactHash) -> Result<Option<i64>> {
+        self.tx.seq_of(hash)
     }
 
     /// Keeps the queue index in step with a fact just released as `seq`. `only` limits the
@@ -152,13 +239,12 @@ impl Writer<'_> {
                 };
                 let reason = text_field(fact, "reason");
                 if let Some(input_seq) = self.released_seq(&input)? {
-                    self.tx
-                        .prepare_cached(
-                            "UPDATE queue_item SET state = ?3, claimable_at = NULL, lease_token = NULL,
+                    self.tx.execute(
+                        "UPDATE queue_item SET state = ?3, claimable_at = NULL, lease_token = NULL,
                                     last_error = ?4, entry = ?5
                              WHERE queue_id = ?1 AND input = ?2",
-                        )?
-                        .execute(params![q.id, input_seq, state.code(), reason, seq])?;
+                        args![q.id, input_seq, state.code(), reason.as_deref(), seq],
+                    )?;
                 }
             }
             system::REDRIVE => {
@@ -177,17 +263,16 @@ impl Writer<'_> {
                 let Some(entry_seq) = self.released_seq(&entry)? else {
                     return Ok(());
                 };
-                let now = self.clock.now_ms();
-                self.tx
-                    .prepare_cached(
-                        "UPDATE queue_item SET
+                let now = self.now;
+                self.tx.execute(
+                    "UPDATE queue_item SET
                              state = CASE WHEN blockers > 0 THEN 2 ELSE 0 END,
                              claimable_at = CASE WHEN blockers > 0 THEN NULL ELSE ?4 END,
                              attempts = 0, first_attempt_at = NULL, lease_token = NULL,
                              last_error = NULL, entry = NULL
                          WHERE queue_id = ?1 AND input = ?2 AND entry = ?3 AND state IN (3, 4)",
-                    )?
-                    .execute(params![q.id, input_seq, entry_seq, now])?;
+                    args![q.id, input_seq, entry_seq, now],
+                )?;
             }
             system::DISCARD => {
                 if let Some(input) = one_pred(fact, system::INPUT_ROLE) {
@@ -205,14 +290,7 @@ impl Writer<'_> {
     }
 
     pub(crate) fn fact_by_hash(&self, hash: &FactHash) -> Result<Option<Fact>> {
-        let bytes: Option<Vec<u8>> = self
-            .tx
-            .prepare_cached("SELECT bytes FROM fact WHERE hash = ?1")?
-            .query_row([&hash.0[..]], |r| r.get(0))
-            .optional()?;
-        bytes
-            .map(|b| super::read::fact_from_row(hash, &b))
-            .transpose()
+        self.tx.get(hash)
     }
 
     /// Records a new input: blocked behind unfinished ancestor inputs (causal ordering),
@@ -222,35 +300,26 @@ impl Writer<'_> {
             Ordering::Causal => self.unfinished_ancestor_inputs(q, seq)?,
             Ordering::None => Vec::new(),
         };
-        let now = self.clock.now_ms();
+        let now = self.now;
         let (state, claimable) = if blockers.is_empty() {
             (ItemState::Ready, Some(now))
         } else {
             (ItemState::Blocked, None)
         };
-        let added = self
-            .tx
-            .prepare_cached(
-                "INSERT OR IGNORE INTO queue_item (queue_id, input, state, claimable_at, blockers)
+        let added = self.tx.execute(
+            "INSERT OR IGNORE INTO queue_item (queue_id, input, state, claimable_at, blockers)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
-            )?
-            .execute(params![
-                q.id,
-                seq,
-                state.code(),
-                claimable,
-                blockers.len() as i64
-            ])?;
+            args![q.id, seq, state.code(), claimable, blockers.len() as i64],
+        )?;
         if added == 0 {
             return Ok(());
         }
-        let mut block = self.tx.prepare_cached(
-            "INSERT INTO queue_block (queue_id, blocker, blocked) VALUES (?1, ?2, ?3)",
-        )?;
         for b in &blockers {
-            block.execute(params![q.id, b, seq])?;
+            self.tx.execute(
+                "INSERT INTO queue_block (queue_id, blocker, blocked) VALUES (?1, ?2, ?3)",
+                args![q.id, b, seq],
+            )?;
         }
-        drop(block);
         if let Some(reason) = q.spec.unmet_requirement(fact) {
             let poison = Fact::builder(system::POISON)
                 .field("queue", q.spec.name.as_str())
@@ -258,7 +327,7 @@ impl Writer<'_> {
                 .field("at", now)
                 .predecessor(system::INPUT_ROLE, fact.hash())
                 .build()?;
-            self.insert(&poison)?;
+            self.later.push(poison);
         }
         Ok(())
     }
@@ -266,11 +335,7 @@ impl Writer<'_> {
     /// The nearest unfinished inputs of `q` among the ancestors of `seq`: a walk up the
     /// predecessor edges that stops at every input of the queue, finished or not.
     fn unfinished_ancestor_inputs(&mut self, q: &QueueDef, seq: i64) -> Result<Vec<i64>> {
-        let Some(input_type) = self
-            .ctx
-            .names
-            .lookup(&self.tx, Kind::Type, &q.spec.input_type)?
-        else {
+        let Some(input_type) = self.tx.name_id(false, &q.spec.input_type)? else {
             return Ok(Vec::new());
         };
         let scope = match &q.spec.scope {
@@ -278,22 +343,15 @@ impl Writer<'_> {
             None => None,
         };
         // The edge carries the predecessor's type: the walk reads `edge_by_successor` alone.
-        let mut up = self.tx.prepare_cached(
-            "SELECT predecessor, predecessor_type FROM edge WHERE successor = ?1",
-        )?;
-        let mut in_scope = self
-            .tx
-            .prepare_cached("SELECT 1 FROM edge WHERE successor = ?1 AND predecessor = ?2")?;
-        let mut unfinished = self
-            .tx
-            .prepare_cached("SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2")?;
         let mut seen = HashSet::new();
         let mut stack = vec![seq];
         let mut found = Vec::new();
         while let Some(s) = stack.pop() {
-            let parents: Vec<(i64, i64)> = up
-                .query_map([s], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<_>>()?;
+            let parents: Vec<(i64, i64)> = self.tx.query_vec(
+                "SELECT predecessor, predecessor_type FROM edge WHERE successor = ?1",
+                args![s],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
             for (p, type_id) in parents {
                 if !seen.insert(p) {
                     continue;
@@ -301,12 +359,18 @@ impl Writer<'_> {
                 let is_input = type_id == input_type
                     && match (q.spec.scope, scope) {
                         (None, _) => true,
-                        (Some(_), Some(sc)) => in_scope.exists(params![p, sc])?,
+                        (Some(_), Some(sc)) => self.tx.exists(
+                            "SELECT 1 FROM edge WHERE successor = ?1 AND predecessor = ?2",
+                            args![p, sc],
+                        )?,
                         (Some(_), None) => false,
                     };
                 if !is_input {
                     stack.push(p);
-                } else if unfinished.exists(params![q.id, p])? {
+                } else if self.tx.exists(
+                    "SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2",
+                    args![q.id, p],
+                )? {
                     found.push(p);
                 }
             }
@@ -320,81 +384,84 @@ impl Writer<'_> {
         let Some(seq) = self.released_seq(input)? else {
             return Ok(());
         };
-        let removed = self
-            .tx
-            .prepare_cached("DELETE FROM queue_item WHERE queue_id = ?1 AND input = ?2")?
-            .execute(params![q.id, seq])?;
+        let removed = self.tx.execute(
+            "DELETE FROM queue_item WHERE queue_id = ?1 AND input = ?2",
+            args![q.id, seq],
+        )?;
         if removed == 0 {
             return Ok(());
         }
-        self.tx
-            .prepare_cached("DELETE FROM queue_block WHERE queue_id = ?1 AND blocked = ?2")?
-            .execute(params![q.id, seq])?;
-        let waiting: Vec<i64> = self
-            .tx
-            .prepare_cached(
-                "DELETE FROM queue_block WHERE queue_id = ?1 AND blocker = ?2 RETURNING blocked",
-            )?
-            .query_map(params![q.id, seq], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        let now = self.clock.now_ms();
+        self.tx.execute(
+            "DELETE FROM queue_block WHERE queue_id = ?1 AND blocked = ?2",
+            args![q.id, seq],
+        )?;
+        let waiting: Vec<i64> = self.tx.query_vec(
+            "DELETE FROM queue_block WHERE queue_id = ?1 AND blocker = ?2 RETURNING blocked",
+            args![q.id, seq],
+            |r| r.get(0),
+        )?;
+        let now = self.now;
         for blocked in waiting {
             self.tx
-                .prepare_cached(
-                    "UPDATE queue_item SET blockers = blockers - 1,
+                .execute("UPDATE queue_item SET blockers = blockers - 1,
                          state = CASE WHEN blockers = 1 AND state = 2 THEN 0 ELSE state END,
                          claimable_at = CASE WHEN blockers = 1 AND state = 2 THEN ?3 ELSE claimable_at END
-                     WHERE queue_id = ?1 AND input = ?2",
-                )?
-                .execute(params![q.id, blocked, now])?;
+                     WHERE queue_id = ?1 AND input = ?2", args![q.id, blocked, now])?;
         }
         let column = match how {
             End::Completed => "UPDATE queue SET completed = completed + 1 WHERE id = ?1",
             End::Discarded => "UPDATE queue SET discarded = discarded + 1 WHERE id = ?1",
         };
-        self.tx.prepare_cached(column)?.execute([q.id])?;
+        self.tx.execute(column, args![q.id])?;
         if how == End::Completed {
-            self.bump_rate(q.id, "completed")?;
+            self.bump_rate(q.id, "completed");
         }
         Ok(())
     }
 
-    /// Counts a completion or failure for the per-minute rates. Kept in memory and
-    /// written once at commit ([`Writer::flush_rates`]), not per input.
-    pub(crate) fn bump_rate(&mut self, queue_id: i64, what: &str) -> Result<()> {
-        let minute = self.clock.now_ms() / 60_000;
-        let completed = i64::from(what == "completed");
-        self.rates
-            .push((queue_id, minute, completed, 1 - completed));
-        Ok(())
+    /// Counts a completion or failure for the per-minute rates.
+    pub(crate) fn bump_rate(&mut self, queue_id: i64, what: &str) {
+        bump_rate(self.state, self.now, queue_id, what);
     }
+}
 
-    /// Writes the rate counts gathered in this transaction and drops buckets older than an
-    /// hour.
-    pub(crate) fn flush_rates(&mut self) -> Result<()> {
-        if self.rates.is_empty() {
-            return Ok(());
-        }
-        let mut sums: std::collections::BTreeMap<(i64, i64), (i64, i64)> = Default::default();
-        for (q, minute, c, f) in self.rates.drain(..) {
-            let e = sums.entry((q, minute)).or_default();
-            e.0 += c;
-            e.1 += f;
-        }
-        for ((q, minute), (c, f)) in &sums {
-            self.tx
-                .prepare_cached(
-                    "INSERT INTO queue_rate (queue_id, minute, completed, failed) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (queue_id, minute)
-                     DO UPDATE SET completed = completed + ?3, failed = failed + ?4",
-                )?
-                .execute(params![q, minute, c, f])?;
-            self.tx
-                .prepare_cached("DELETE FROM queue_rate WHERE queue_id = ?1 AND minute < ?2")?
-                .execute(params![q, minute - 60])?;
-        }
-        Ok(())
+/// Counts a completion or failure for the per-minute rates. Kept in memory and written
+/// once at commit ([`flush_rates`]), not per input.
+pub(crate) fn bump_rate(state: &mut TxState, now: i64, queue_id: i64, what: &str) {
+    let minute = now / 60_000;
+    let completed = i64::from(what == "completed");
+    state
+        .get::<QueueTx>()
+        .rates
+        .push((queue_id, minute, completed, 1 - completed));
+}
+
+/// Writes the rate counts gathered in this transaction and drops buckets older than an
+/// hour.
+fn flush_rates(tx: &dyn ReadTx, state: &mut TxState) -> Result<()> {
+    let rates = std::mem::take(&mut state.get::<QueueTx>().rates);
+    if rates.is_empty() {
+        return Ok(());
     }
+    let mut sums: std::collections::BTreeMap<(i64, i64), (i64, i64)> = Default::default();
+    for (q, minute, c, f) in rates {
+        let e = sums.entry((q, minute)).or_default();
+        e.0 += c;
+        e.1 += f;
+    }
+    for (&(q, minute), &(c, f)) in &sums {
+        tx.execute(
+            "INSERT INTO queue_rate (queue_id, minute, completed, failed) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (queue_id, minute)
+             DO UPDATE SET completed = completed + ?3, failed = failed + ?4",
+            args![q, minute, c, f],
+        )?;
+        tx.execute(
+            "DELETE FROM queue_rate WHERE queue_id = ?1 AND minute < ?2",
+            args![q, minute - 60],
+        )?;
+    }
+    Ok(())
 }
 
 /// How an input ended.

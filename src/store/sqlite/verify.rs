@@ -3,43 +3,16 @@
 
 use std::collections::BTreeSet;
 
-use rusqlite::params;
+use std::ops::Deref;
 
-use super::Store;
+use rusqlite::{Connection, params};
+
+use super::Tx;
 use super::read::fact_from_row;
 use crate::error::Result;
 use crate::hash::FactHash;
-
-/// One thing found wrong by [`Store::verify`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
-    /// The fact concerned, when there is one.
-    pub hash: Option<FactHash>,
-    /// What is wrong.
-    pub reason: String,
-}
-
-impl std::fmt::Display for Problem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.hash {
-            Some(h) => write!(f, "fact {h}: {}", self.reason),
-            None => f.write_str(&self.reason),
-        }
-    }
-}
-
-/// What [`Store::verify`] checked and found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct VerifyReport {
-    /// Released facts checked.
-    pub released: u64,
-    /// Held facts checked.
-    pub held: u64,
-    /// Everything found wrong (empty when the store is intact). At most 1,000 are kept.
-    pub problems: Vec<Problem>,
-}
-
-const MAX_PROBLEMS: usize = 1000;
+use crate::store::VerifyReport;
+use crate::store::backend::ReadTx;
 
 /// An edge of a released fact, as `verify` reads it.
 struct EdgeRow {
@@ -51,23 +24,7 @@ struct EdgeRow {
     types: [i64; 3],
 }
 
-impl VerifyReport {
-    /// Whether nothing was found wrong.
-    pub fn is_clean(&self) -> bool {
-        self.problems.is_empty()
-    }
-
-    fn problem(&mut self, hash: Option<FactHash>, reason: impl Into<String>) {
-        if self.problems.len() < MAX_PROBLEMS {
-            self.problems.push(Problem {
-                hash,
-                reason: reason.into(),
-            });
-        }
-    }
-}
-
-impl Store {
+impl<C: Deref<Target = Connection>> Tx<'_, C> {
     /// Checks the whole store. `progress` is called with the number of facts checked so far.
     ///
     /// Checks that every stored row re-hashes to its key and decodes strictly; that every
@@ -76,12 +33,12 @@ impl Store {
     /// predecessors and the held counter is right; and SQLite's `integrity_check`.
     ///
     /// # Errors
-    /// [`crate::Error::Sqlite`] if the database cannot be read at all; damage it can read
+    /// [`crate::Error::Backend`] if the database cannot be read at all; damage it can read
     /// past is reported in [`VerifyReport::problems`].
-    pub fn verify(&self, mut progress: impl FnMut(u64)) -> Result<VerifyReport> {
+    pub(crate) fn verify_all(&self, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport> {
         let mut report = VerifyReport::default();
         self.verify_integrity(&mut report)?;
-        self.verify_released(&mut report, &mut progress)?;
+        self.verify_released(&mut report, progress)?;
         self.verify_held(&mut report)?;
         Ok(report)
     }
@@ -100,7 +57,7 @@ impl Store {
     fn verify_released(
         &self,
         report: &mut VerifyReport,
-        progress: &mut impl FnMut(u64),
+        progress: &mut dyn FnMut(u64),
     ) -> Result<()> {
         let mut rows_stmt = self.conn.prepare(
             "SELECT f.seq, f.hash, f.bytes, t.name, f.type_id FROM fact f

@@ -1,0 +1,684 @@
+//! The backend seam: what a database must offer the fact core and its clients.
+//!
+//! A backend opens transactions. A read transaction ([`ReadTx`]) sees one snapshot; a
+//! write transaction ([`WriteTx`]) is the only writer while it lives, and commits or rolls
+//! back as a whole. Both run SQL for the core's clients (queues, sync, queries) through
+//! [`Sql`], with backend-neutral values ([`Arg`] in, [`Row`] out) and errors
+//! ([`crate::Error::Backend`]); the SQL text follows the backend's [`Dialect`].
+//!
+//! The contract every backend keeps is in `docs/design.md` ("The backend contract"):
+//! sequence numbers follow commit order, a read sees a committed snapshot, a commit is
+//! durable as [`super::Durability`] says, and "busy" means the caller may retry.
+
+use crate::error::{BackendError, BackendErrorKind, Error, Result};
+use crate::fact::Fact;
+use crate::hash::{FactHash, HashPrefix};
+
+use super::{BatchReport, HeldFact, InsertOutcome, Stats, StoredFact, VerifyReport};
+
+/// The SQL dialect a backend speaks: the query compiler and the clients' SQL follow it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Dialect {
+    /// SQLite 3.45 or later: `?N` parameters, `pq_test` / `pq_field` functions.
+    Sqlite,
+}
+
+impl Dialect {
+    /// The text of parameter `n` (1-based) hidden from the planner's look at its value,
+    /// so that a statement stays prepared whatever is bound (`+?N` in SQLite).
+    pub fn steady_param(self, n: usize) -> String {
+        match self {
+            Dialect::Sqlite => format!("+?{n}"),
+        }
+    }
+}
+
+/// A value bound to a statement parameter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arg<'a> {
+    /// SQL NULL.
+    Null,
+    /// A 64-bit integer.
+    Int(i64),
+    /// A double.
+    Real(f64),
+    /// Text.
+    Text(&'a str),
+    /// Bytes.
+    Blob(&'a [u8]),
+}
+
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::Int(v)
+    }
+}
+
+impl From<&i64> for Arg<'_> {
+    fn from(v: &i64) -> Self {
+        Arg::Int(*v)
+    }
+}
+
+impl From<u32> for Arg<'_> {
+    fn from(v: u32) -> Self {
+        Arg::Int(v.into())
+    }
+}
+
+impl From<bool> for Arg<'_> {
+    fn from(v: bool) -> Self {
+        Arg::Int(v.into())
+    }
+}
+
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(v: &'a str) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl<'a> From<&'a String> for Arg<'a> {
+    fn from(v: &'a String) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl<'a> From<&'a [u8]> for Arg<'a> {
+    fn from(v: &'a [u8]) -> Self {
+        Arg::Blob(v)
+    }
+}
+
+impl<'a> From<&'a Vec<u8>> for Arg<'a> {
+    fn from(v: &'a Vec<u8>) -> Self {
+        Arg::Blob(v)
+    }
+}
+
+impl<'a> From<&'a FactHash> for Arg<'a> {
+    fn from(v: &'a FactHash) -> Self {
+        Arg::Blob(&v.0)
+    }
+}
+
+impl<'a, T: Into<Arg<'a>>> From<Option<T>> for Arg<'a> {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Arg::Null, Into::into)
+    }
+}
+
+impl<'a> From<&'a SqlValue> for Arg<'a> {
+    fn from(v: &'a SqlValue) -> Self {
+        match v {
+            SqlValue::Null => Arg::Null,
+            SqlValue::Int(i) => Arg::Int(*i),
+            SqlValue::Real(f) => Arg::Real(*f),
+            SqlValue::Text(s) => Arg::Text(s),
+            SqlValue::Blob(b) => Arg::Blob(b),
+        }
+    }
+}
+
+/// An owned SQL value: a parameter kept between runs of a statement, or a value read.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SqlValue {
+    /// SQL NULL.
+    Null,
+    /// A 64-bit integer.
+    Int(i64),
+    /// A double.
+    Real(f64),
+    /// Text.
+    Text(String),
+    /// Bytes.
+    Blob(Vec<u8>),
+}
+
+/// Builds a `&[Arg]` from values that convert into [`Arg`]: the parameters of a statement
+/// run through [`Sql`].
+///
+/// ```
+/// use precedent::args;
+/// use precedent::store::{Sql, SqlExt};
+/// let store = precedent::Store::open_in_memory()?;
+/// let n: i64 = store.write(|w| {
+///     w.sql().batch("CREATE TABLE seen (id INTEGER PRIMARY KEY, what TEXT)")?;
+///     w.sql().execute("INSERT INTO seen (what) VALUES (?1)", args!["first"])?;
+///     w.sql().query_one("SELECT count(*) FROM seen WHERE what = ?1", args!["first"], |r| r.get(0))
+/// })?;
+/// assert_eq!(n, 1);
+/// # Ok::<(), precedent::Error>(())
+/// ```
+#[macro_export]
+macro_rules! args {
+    ($($v:expr),* $(,)?) => {
+        &[$($crate::store::Arg::from($v)),*][..]
+    };
+}
+
+/// A value as a row holds it, borrowed from the row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ValueRef<'a> {
+    /// SQL NULL.
+    Null,
+    /// A 64-bit integer.
+    Int(i64),
+    /// A double.
+    Real(f64),
+    /// Text.
+    Text(&'a str),
+    /// Bytes.
+    Blob(&'a [u8]),
+}
+
+/// What a backend's row offers: its columns, by index.
+pub trait RowSource {
+    /// Column `i` (0-based).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a column that does not exist or cannot be read.
+    fn value(&self, i: usize) -> Result<ValueRef<'_>>;
+}
+
+/// One row of a result, handed to the caller's closure.
+pub struct Row<'r>(pub(crate) &'r dyn RowSource);
+
+impl<'r> Row<'r> {
+    /// Wraps a backend's row.
+    pub fn new(source: &'r dyn RowSource) -> Row<'r> {
+        Row(source)
+    }
+
+    /// Column `i` as a `T`.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the column holds another kind of value;
+    /// [`Error::Corrupt`] for a hash column that does not hold 32 bytes.
+    pub fn get<T: FromSql>(&self, i: usize) -> Result<T> {
+        T::from_sql(self.0.value(i)?).map_err(|what| {
+            Error::Backend(BackendError::new(
+                BackendErrorKind::Other,
+                format!("column {i}: {what}"),
+            ))
+        })
+    }
+
+    /// Column `i` as it is stored.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a column that does not exist.
+    pub fn value(&self, i: usize) -> Result<ValueRef<'_>> {
+        self.0.value(i)
+    }
+
+    /// Column `i` as a fact hash; a value that is not 32 bytes is [`Error::Corrupt`]
+    /// naming `context`'s hash, never a made-up hash.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`].
+    pub fn hash(&self, i: usize) -> Result<FactHash> {
+        match self.0.value(i)? {
+            ValueRef::Blob(b) => FactHash::from_slice(b).ok_or_else(|| bad_hash(b)),
+            other => Err(bad_hash(match other {
+                ValueRef::Text(t) => t.as_bytes(),
+                _ => &[],
+            })),
+        }
+    }
+}
+
+fn bad_hash(b: &[u8]) -> Error {
+    Error::Corrupt {
+        hash: FactHash::of_canonical(b),
+        reason: format!("stored hash has {} bytes, not 32", b.len()),
+    }
+}
+
+/// A Rust value a column converts to.
+pub trait FromSql: Sized {
+    /// Converts, or says what was found instead.
+    ///
+    /// # Errors
+    /// A short description of the value that does not fit.
+    fn from_sql(v: ValueRef<'_>) -> std::result::Result<Self, String>;
+}
+
+fn kind(v: ValueRef<'_>) -> String {
+    match v {
+        ValueRef::Null => "null".into(),
+        ValueRef::Int(i) => format!("integer {i}"),
+        ValueRef::Real(f) => format!("real {f}"),
+        ValueRef::Text(_) => "text".into(),
+        ValueRef::Blob(b) => format!("{} bytes", b.len()),
+    }
+}
+
+impl FromSql for i64 {
+    fn from_sql(v: ValueRef<'_>) -> std::result::Result<Self, String> {
+        match v {
+            ValueRef::Int(i) => Ok(i),
+            other => Err(format!("expected an integer, found {}", kind(other))),
+        }
+    }
+}
+
+impl FromSql for f64 {
+    fn from_sql(v: ValueRef<'_>) -> std::result::Result<Self, String> {
+        match v {
+            ValueRef::Real(f) => Ok(f),
+            ValueRef::Int(i) => Ok(i as f64),
+            other => Err(format!("expected a real, found {}", kind(other))),
+        }
+    }
+}
+
+impl FromSql for String {
+    fn from_sql(v: ValueRef<'_>) -> std::result::Result<Self, String> {
+        match v {
+            ValueRef::Text(s) => Ok(s.to_string()),
+            other => Err(format!("expected text, found {}", kind(other))),
+        }
+    }
+}
+
+impl FromSql for Vec<u8> {
+    fn from_sql(v: ValueRef<'_>) -> std::result::Result<Self, String> {
+        match v {
+            ValueRef::Blob(b) => Ok(b.to_vec()),
+            other => Err(format!("expected bytes, found {}", kind(other))),
+        }
+    }
+}
+
+impl FromSql for SqlValue {
+    fn from_sql(v: ValueRef<'_>) -> std::result::Result<Self, String> {
+        Ok(match v {
+            ValueRef::Null => SqlValue::Null,
+            ValueRef::Int(i) => SqlValue::Int(i),
+            ValueRef::Real(f) => SqlValue::Real(f),
+            ValueRef::Text(s) => SqlValue::Text(s.to_string()),
+            ValueRef::Blob(b) => SqlValue::Blob(b.to_vec()),
+        })
+    }
+}
+
+impl<T: FromSql> FromSql for Option<T> {
+    fn from_sql(v: ValueRef<'_>) -> std::result::Result<Self, String> {
+        match v {
+            ValueRef::Null => Ok(None),
+            other => T::from_sql(other).map(Some),
+        }
+    }
+}
+
+/// SQL run inside a transaction, for the core's clients and for an application's own
+/// tables written in the same commit as its facts.
+pub trait Sql {
+    /// The dialect the SQL text must follow.
+    fn dialect(&self) -> Dialect;
+
+    /// Runs a statement that returns no rows; returns how many rows it changed.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn execute(&self, sql: &str, args: &[Arg<'_>]) -> Result<u64>;
+
+    /// Runs a query, calling `f` for each row in order; stops at the first error.
+    ///
+    /// # Errors
+    /// [`Error::Backend`], or whatever `f` returns.
+    fn query(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        f: &mut dyn FnMut(&Row<'_>) -> Result<()>,
+    ) -> Result<()>;
+
+    /// Runs several statements without parameters (a savepoint, a migration).
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn batch(&self, sql: &str) -> Result<()>;
+}
+
+/// Conveniences over [`Sql`], for every implementation.
+pub trait SqlExt: Sql {
+    /// The first row mapped by `f`, or `None` when there is none.
+    ///
+    /// # Errors
+    /// As [`Sql::query`].
+    fn query_opt<T>(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        f: impl FnOnce(&Row<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.query(sql, args, &mut |r| {
+            if let Some(f) = f.take() {
+                out = Some(f(r)?);
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// The first row mapped by `f`; no row is [`Error::Backend`] of kind
+    /// [`BackendErrorKind::NoRow`].
+    ///
+    /// # Errors
+    /// As [`Sql::query`].
+    fn query_one<T>(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        f: impl FnOnce(&Row<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.query_opt(sql, args, f)?.ok_or_else(|| {
+            Error::Backend(BackendError::new(
+                BackendErrorKind::NoRow,
+                format!(
+                    "no row from: {}",
+                    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+                ),
+            ))
+        })
+    }
+
+    /// Every row mapped by `f`.
+    ///
+    /// # Errors
+    /// As [`Sql::query`].
+    fn query_vec<T>(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        mut f: impl FnMut(&Row<'_>) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let mut out = Vec::new();
+        self.query(sql, args, &mut |r| {
+            out.push(f(r)?);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Whether the query returns any row.
+    ///
+    /// # Errors
+    /// As [`Sql::query`].
+    fn exists(&self, sql: &str, args: &[Arg<'_>]) -> Result<bool> {
+        Ok(self.query_opt(sql, args, |_| Ok(()))?.is_some())
+    }
+}
+
+impl<S: Sql + ?Sized> SqlExt for S {}
+
+/// The fact core's reads, inside one read (or write) transaction.
+pub trait ReadTx: Sql {
+    /// A released fact by hash.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] if the stored bytes do not re-hash to the key.
+    fn get(&self, hash: &FactHash) -> Result<Option<Fact>>;
+
+    /// A fact by hash, released or held.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`].
+    fn lookup(&self, hash: &FactHash) -> Result<Option<StoredFact>>;
+
+    /// A released fact by sequence number, with its hash.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`].
+    fn fact_at(&self, seq: i64) -> Result<Option<Fact>>;
+
+    /// The release sequence number of a fact, if released.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn seq_of(&self, hash: &FactHash) -> Result<Option<i64>>;
+
+    /// Resolves a prefix against released and held facts.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPrefix`], [`Error::AmbiguousPrefix`].
+    fn resolve_prefix(&self, prefix: &HashPrefix) -> Result<FactHash>;
+
+    /// The id of a fact type name (`role == false`) or role name, if any fact uses it.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn name_id(&self, role: bool, name: &str) -> Result<Option<i64>>;
+
+    /// Released successors of the fact at `seq`, optionally through one role id and of one
+    /// type id, in release order.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`], [`Error::Backend`].
+    fn successors(&self, seq: i64, role: Option<i64>, type_id: Option<i64>) -> Result<Vec<Fact>>;
+
+    /// Released ancestors (`up`) or descendants of the fact at `seq`, in release order.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn walk(&self, seq: i64, up: bool) -> Result<Vec<FactHash>>;
+
+    /// Released facts of one type id, in release order, calling `f` for each.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`], or whatever `f` returns.
+    fn for_each_of_type(&self, type_id: i64, f: &mut dyn FnMut(Fact) -> Result<()>) -> Result<()>;
+
+    /// Held facts, oldest first, up to `limit`.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`].
+    fn held(&self, limit: usize) -> Result<Vec<HeldFact>>;
+
+    /// The number of held facts.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn held_count(&self) -> Result<u64>;
+
+    /// Each released fact with `after < seq <= upto`, in release order: sequence number,
+    /// hash and canonical bytes, which are checked to hash to the key first.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`], or whatever `f` returns.
+    fn for_each_released(
+        &self,
+        after: i64,
+        upto: i64,
+        f: &mut dyn FnMut(i64, FactHash, &[u8]) -> Result<()>,
+    ) -> Result<()>;
+
+    /// The sequence number and type id of each fact released after `after`, in release
+    /// order (what a watch reads at each poll).
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn released_types(&self, after: i64) -> Result<Vec<(i64, i64)>>;
+
+    /// The plan the database chooses for a statement, one line per step.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn plan(&self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<String>>;
+
+    /// The highest release sequence number, 0 when empty.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn last_seq(&self) -> Result<i64>;
+
+    /// Counts per type, held and edges, and the database size.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn stats(&self) -> Result<Stats>;
+
+    /// Checks every stored fact and the release order; see [`super::Store::verify`].
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn verify(&self, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport>;
+}
+
+/// Called in the transaction that releases each fact, after its row and edges are
+/// written and before anything released after it: the seam through which indexes outside
+/// the core (the queue index) stay in step with releases, in the same commit.
+pub trait ReleaseHook: Send + Sync {
+    /// `fact` was released as `seq`. Facts the hook needs stored in response go to
+    /// [`HookCtx::insert_later`], inserted once the current insert returns.
+    ///
+    /// # Errors
+    /// Any error aborts the write transaction.
+    fn on_release(&self, ctx: &mut HookCtx<'_>, fact: &Fact, seq: i64) -> Result<()>;
+
+    /// Called once before the transaction commits.
+    ///
+    /// # Errors
+    /// Any error aborts the commit.
+    fn before_commit(&self, ctx: &mut HookCtx<'_>) -> Result<()> {
+        let _ = ctx;
+        Ok(())
+    }
+}
+
+/// What a release hook sees: the transaction's SQL and reads, its per-transaction state,
+/// the store, and a list of facts to insert next.
+pub struct HookCtx<'a> {
+    /// The write transaction's reads and SQL.
+    pub tx: &'a dyn ReadTx,
+    /// State kept for this transaction by the core's clients.
+    pub state: &'a mut super::TxState,
+    pub(crate) store: &'a super::Store,
+    pub(crate) later: &'a mut Vec<Fact>,
+}
+
+impl HookCtx<'_> {
+    /// The store's clock, in milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.store.options().clock.now_ms()
+    }
+
+    /// The store being written.
+    pub fn store(&self) -> &super::Store {
+        self.store
+    }
+
+    /// Stores `fact` in this transaction once the insert that released the current fact
+    /// returns.
+    pub fn insert_later(&mut self, fact: Fact) {
+        self.later.push(fact);
+    }
+}
+
+/// The fact core's writes, inside one write transaction.
+pub trait WriteTx: ReadTx {
+    /// Inserts one fact, holding or releasing it; calls `hooks` for each fact released.
+    ///
+    /// # Errors
+    /// [`Error::HeldLimit`], [`Error::Backend`], or a hook's error.
+    fn insert(&mut self, fact: &Fact, hooks: &mut HookRunner<'_>) -> Result<InsertOutcome>;
+
+    /// Inserts facts given in any order; see [`super::Writer::insert_batch`].
+    ///
+    /// # Errors
+    /// [`Error::Backend`], or a hook's error.
+    fn insert_batch(&mut self, facts: Vec<Fact>, hooks: &mut HookRunner<'_>)
+    -> Result<BatchReport>;
+
+    /// Starts a savepoint that [`WriteTx::rollback_savepoint`] can undo.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn savepoint(&mut self) -> Result<()>;
+
+    /// Keeps what was written since [`WriteTx::savepoint`].
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn release_savepoint(&mut self) -> Result<()>;
+
+    /// Undoes what was written since [`WriteTx::savepoint`].
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn rollback_savepoint(&mut self) -> Result<()>;
+
+    /// The read side of this transaction, as a trait object.
+    fn as_read(&self) -> &dyn ReadTx;
+
+    /// Commits.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] (busy, I/O); nothing is committed then.
+    fn commit(self: Box<Self>) -> Result<()>;
+}
+
+/// Runs the release hooks for a backend's write: the backend calls
+/// [`HookRunner::released`] for each fact it releases.
+pub struct HookRunner<'a> {
+    pub(crate) store: &'a super::Store,
+    pub(crate) state: &'a mut super::TxState,
+    pub(crate) later: &'a mut Vec<Fact>,
+}
+
+impl HookRunner<'_> {
+    /// `fact` was just released as `seq` in `tx`.
+    ///
+    /// # Errors
+    /// A hook's error.
+    pub fn released(&mut self, tx: &dyn ReadTx, fact: &Fact, seq: i64) -> Result<()> {
+        let hooks = &self.store.options().release_hooks;
+        if hooks.is_empty() {
+            return Ok(());
+        }
+        let mut ctx = HookCtx {
+            tx,
+            state: self.state,
+            store: self.store,
+            later: self.later,
+        };
+        for hook in hooks {
+            hook.on_release(&mut ctx, fact, seq)?;
+        }
+        Ok(())
+    }
+}
+
+/// A database the store runs on.
+pub trait Backend: Send + Sync {
+    /// Starts a read transaction: one snapshot until it is dropped.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn read(&self) -> Result<Box<dyn ReadTx + '_>>;
+
+    /// Starts the write transaction, waiting for other writers up to the busy timeout.
+    /// Dropping it without [`WriteTx::commit`] rolls back.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] of kind [`BackendErrorKind::Busy`] when another writer kept the
+    /// lock past the timeout.
+    fn write(&self) -> Result<Box<dyn WriteTx + '_>>;
+
+    /// Forgets state cached from a transaction that rolled back.
+    fn rolled_back(&self);
+
+    /// How many times, since it was opened, the backend had to prepare a statement run
+    /// through [`Sql`] again (for tests that statements stay prepared).
+    fn reprepares(&self) -> u64 {
+        0
+    }
+
+    /// The database's file, if it has one.
+    fn path(&self) -> Option<&std::path::Path>;
+}

@@ -1,0 +1,275 @@
+//! The SQLite backend: one write connection and a pool of read connections on one
+//! database file in WAL mode, the schema migrations, and all SQL of the fact core.
+//!
+//! - `conn.rs`: transactions ([`Tx`]), the [`Sql`](crate::store::Sql) seam over rusqlite,
+//!   errors.
+//! - `names.rs`: type and role ids, cached.
+//! - `write.rs`: inserts, the held set and its cascades, release.
+//! - `read.rs`: reads; `verify.rs`: the whole-store check.
+//! - `functions.rs`: the scalar functions compiled queries call.
+//!
+//! Concurrency: writes take the one write connection (a mutex in this process, SQLite's
+//! write lock across processes); reads take a connection of their own from the pool, so
+//! they run beside the writer and beside each other, each on a snapshot (WAL).
+
+mod conn;
+mod functions;
+mod names;
+#[cfg(test)]
+mod plans;
+mod read;
+mod verify;
+mod write;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OpenFlags};
+
+use super::backend::{Backend, ReadTx, WriteTx};
+use super::{Durability, StoreOptions};
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+pub(crate) use conn::Tx;
+use names::NameCache;
+
+/// Schema migrations, applied in order. `PRAGMA user_version` records how many ran.
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../../schema/001_initial.sql"),
+    include_str!("../../../schema/002_queues.sql"),
+    include_str!("../../../schema/003_sync.sql"),
+    include_str!("../../../schema/004_held_set.sql"),
+    include_str!("../../../schema/005_edge_types.sql"),
+    include_str!("../../../schema/006_store_identity.sql"),
+];
+
+/// The schema version this binary writes.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// Read connections kept open between reads.
+const IDLE_READERS: usize = 4;
+
+/// What every transaction of one backend shares.
+pub(crate) struct Shared {
+    pub(crate) names: NameCache,
+    pub(crate) max_held: u64,
+    pub(crate) clock: Arc<dyn Clock>,
+    /// How many times SQLite prepared a statement run through [`crate::store::Sql`] again.
+    pub(crate) reprepares: AtomicU64,
+}
+
+/// A store's database in SQLite.
+pub struct SqliteBackend {
+    writer: Mutex<Connection>,
+    readers: Mutex<Vec<Connection>>,
+    shared: Shared,
+    options: StoreOptions,
+    path: PathBuf,
+    /// The private directory of a store opened with [`crate::Store::open_in_memory`],
+    /// removed when the store is dropped.
+    temp: Option<PathBuf>,
+    /// Called with the text of every statement run, on every connection (tests only).
+    #[cfg(test)]
+    tracer: Mutex<Option<fn(&str)>>,
+}
+
+impl SqliteBackend {
+    /// Opens (creating if needed) the database at `path` and migrates it.
+    ///
+    /// # Errors
+    /// [`Error::SchemaTooNew`]; [`Error::Backend`] if the file cannot be opened.
+    pub fn open(path: &Path, options: StoreOptions) -> Result<SqliteBackend> {
+        SqliteBackend::open_at(path.to_path_buf(), options, None)
+    }
+
+    /// A private database in a fresh temporary directory, removed on drop: a real file,
+    /// so that its readers run beside its writer as in any other store.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the directory cannot be made.
+    pub fn temporary(options: StoreOptions) -> Result<SqliteBackend> {
+        static COUNT: AtomicU64 = AtomicU64::new(0);
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "precedent-{}-{n}-{:x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let result = SqliteBackend::open_at(dir.join("store.db"), options, Some(dir.clone()));
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        result
+    }
+
+    fn open_at(path: PathBuf, options: StoreOptions, temp: Option<PathBuf>) -> Result<Self> {
+        let writer = connect(&path, &options, temp.is_some())?;
+        migrate(&writer)?;
+        Ok(SqliteBackend {
+            writer: Mutex::new(writer),
+            readers: Mutex::new(Vec::new()),
+            shared: Shared {
+                names: NameCache::default(),
+                max_held: options.max_held,
+                clock: options.clock.clone(),
+                reprepares: AtomicU64::new(0),
+            },
+            options,
+            path,
+            temp,
+            #[cfg(test)]
+            tracer: Mutex::new(None),
+        })
+    }
+
+    /// Calls `f` with the text of every statement the backend runs from now on, on the
+    /// write connection and on every read connection (tests only).
+    #[cfg(test)]
+    pub(crate) fn trace(&self, f: fn(&str)) {
+        *lock(&self.tracer) = Some(f);
+        lock(&self.readers).clear();
+        install_trace(&mut lock(&self.writer), f);
+    }
+
+    fn reader(&self) -> Result<Connection> {
+        if let Some(c) = lock(&self.readers).pop() {
+            return Ok(c);
+        }
+        #[allow(unused_mut)]
+        let mut c = connect(&self.path, &self.options, self.temp.is_some())?;
+        // A read transaction must not write: SQLite refuses it instead of us trusting it.
+        c.pragma_update(None, "query_only", true)?;
+        #[cfg(test)]
+        if let Some(f) = *lock(&self.tracer) {
+            install_trace(&mut c, f);
+        }
+        Ok(c)
+    }
+
+    fn give_back(&self, conn: Connection) {
+        let mut idle = lock(&self.readers);
+        if idle.len() < IDLE_READERS {
+            idle.push(conn);
+        }
+    }
+}
+
+#[cfg(test)]
+fn install_trace(conn: &mut Connection, f: fn(&str)) {
+    use rusqlite::trace::{TraceEvent, TraceEventCodes};
+    let _ = conn.trace_v2(
+        TraceEventCodes::SQLITE_TRACE_STMT,
+        Some(move |e: TraceEvent<'_>| {
+            if let TraceEvent::Stmt(stmt, _) = e {
+                f(&stmt.sql());
+            }
+        }),
+    );
+}
+
+/// Locks a mutex whose holder may have panicked: every holder here ends its transaction
+/// on drop (rollback), so the data behind a poisoned lock is as good as any.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn connect(path: &Path, options: &StoreOptions, temporary: bool) -> Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(options.busy_timeout)?;
+    // WAL lets readers, in this process and others, proceed while one writer commits.
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    let sync = match (temporary, options.durability) {
+        // A temporary store is gone with the process: no commit needs to reach the disk.
+        (true, _) => "OFF",
+        (false, Durability::Full) => "FULL",
+        (false, Durability::Normal) => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync)?;
+    conn.pragma_update(None, "cache_size", -(options.cache_mib as i64) * 1024)?;
+    conn.pragma_update(None, "foreign_keys", "OFF")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    functions::register(&conn)?;
+    Ok(conn)
+}
+
+impl Backend for SqliteBackend {
+    fn read(&self) -> Result<Box<dyn ReadTx + '_>> {
+        let conn = self.reader()?;
+        Ok(Box::new(Tx::begin_read(
+            conn::Pooled {
+                conn: Some(conn),
+                backend: self,
+            },
+            &self.shared,
+        )?))
+    }
+
+    fn write(&self) -> Result<Box<dyn WriteTx + '_>> {
+        let guard = lock(&self.writer);
+        Ok(Box::new(write::SqliteWrite::begin(guard, &self.shared)?))
+    }
+
+    fn rolled_back(&self) {}
+
+    fn reprepares(&self) -> u64 {
+        self.shared
+            .reprepares
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn path(&self) -> Option<&Path> {
+        if self.temp.is_some() {
+            None
+        } else {
+            Some(&self.path)
+        }
+    }
+}
+
+impl Drop for SqliteBackend {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.temp {
+            lock(&self.readers).clear();
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Applies the migrations the database lacks; refuses a database newer than the binary.
+fn migrate(conn: &Connection) -> Result<()> {
+    let found: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if found > SCHEMA_VERSION {
+        return Err(Error::SchemaTooNew {
+            supported: SCHEMA_VERSION,
+            found,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let result = (|| -> Result<()> {
+        // Re-read under the write lock: another process may have migrated meanwhile.
+        let now: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(now as usize) {
+            conn.execute_batch(sql)?;
+            conn.pragma_update(None, "user_version", i as u32 + 1)?;
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => conn.execute_batch("COMMIT")?,
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(e);
+        }
+    }
+    Ok(())
+}
