@@ -30,19 +30,24 @@
 //! - `functions`: the SQLite functions compiled statements call.
 //! - `run`: execution and projections ([`Store::query`](crate::Store::query)).
 //! - [`typed`]: typed facts ([`FactType`], [`Ref`]).
+//! - `typed_rows`: results read into serde types ([`QueryRow::value_as`]).
+//! - `call`: fluent calls ([`Store::prepare`](crate::Store::prepare), [`PreparedQuery`]).
 //! - [`watch`]: live watches ([`Watch`]).
 
+mod call;
 pub(crate) mod functions;
 pub mod model;
 mod parse;
 mod run;
 mod sql;
 pub mod typed;
+mod typed_rows;
 pub mod value;
 pub mod watch;
 
 use std::fmt;
 
+pub use call::{IntoGiven, PreparedQuery};
 pub use model::{
     Cond, Condition, Given, Label, Match, OrderKey, Pos, Projection, Query, QueryBuilder, RolePath,
     SortBy, SubQuery, Test,
@@ -52,7 +57,7 @@ pub use precedent_derive::FactType;
 pub use run::{Givens, Projected, QueryRow};
 pub use typed::{Arity, FactType, Ref};
 pub use value::Op;
-pub use watch::{Change, Watch};
+pub use watch::{Change, Changes, Stop, Watch};
 
 /// A query that does not parse or does not check.
 #[derive(Clone, Debug, PartialEq, Eq)]
