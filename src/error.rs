@@ -181,6 +181,28 @@ pub enum Error {
     /// An I/O error (reading an import file, writing an export).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    /// A query result that does not deserialise into the Rust type asked for.
+    #[error(
+        "query result {key:?} is not a {type_name}{}: {reason}",
+        at_field(field)
+    )]
+    ResultType {
+        /// The result's key ([`crate::query::QueryRow::key`]).
+        key: Vec<i64>,
+        /// The Rust type asked for.
+        type_name: &'static str,
+        /// Where in the result's JSON form the value did not fit (`total`, `shop.name`),
+        /// when it can be told.
+        field: Option<String>,
+        /// What serde said.
+        reason: String,
+    },
+}
+
+fn at_field(field: &Option<String>) -> String {
+    field
+        .as_ref()
+        .map_or(String::new(), |f| format!(" at field {f}"))
 }
 
 impl Error {

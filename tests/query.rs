@@ -1,8 +1,13 @@
 //! Queries: every example of docs/queries.md runs against the documented data and must
 //! print exactly the documented output, and its plan must search indexes, never scan;
-//! the documented errors; the builder; typed facts.
+//! the documented errors; the builder; typed facts; watch changes delivered one at a time.
 
-use precedent::query::{Arity, Cond, FactType, Givens, Op, Projection, Query, Ref};
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use precedent::query::{Arity, Change, Cond, FactType, Givens, Op, Projection, Query, Ref, Stop};
 use precedent::{Error, Fact, FactHash, Store};
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -722,4 +727,104 @@ fn built_queries_are_bounded_in_depth() {
             }
         }
     }
+}
+
+fn pending_watch(store: &mut Store) -> (Fact, precedent::query::Watch) {
+    let shop = Fact::builder("Shop")
+        .field("name", "corner")
+        .build()
+        .unwrap();
+    store.insert(&shop).unwrap();
+    let watch = store
+        .prepare("given s: Shop match o: Shop.Order where o->shop = s select o.id")
+        .unwrap()
+        .given("s", &shop)
+        .unwrap()
+        .watch()
+        .unwrap();
+    (shop, watch)
+}
+
+fn order_of(shop: &Fact, id: i64) -> Fact {
+    Fact::builder("Shop.Order")
+        .field("id", id)
+        .predecessor("shop", shop.hash())
+        .build()
+        .unwrap()
+}
+
+fn added_ids(changes: impl IntoIterator<Item = precedent::Result<Change>>) -> Vec<i64> {
+    changes
+        .into_iter()
+        .map(|c| match c.unwrap() {
+            Change::Added(row) => row.value_as::<i64>().unwrap(),
+            other => panic!("expected an addition, got {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn watch_changes_end_at_their_deadline_with_what_came_before() {
+    let mut store = Store::open_in_memory().unwrap();
+    let (shop, mut watch) = pending_watch(&mut store);
+    store.insert(&order_of(&shop, 1)).unwrap();
+    store.insert(&order_of(&shop, 2)).unwrap();
+    let started = Instant::now();
+    let ids = added_ids(watch.changes(&store, Stop::after(Duration::from_millis(150))));
+    assert_eq!(ids, [1, 2]);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(150), "{waited:?}");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    // Nothing came after: the next delivery polls once and ends.
+    assert!(added_ids(watch.changes(&store, Stop::after(Duration::ZERO))).is_empty());
+}
+
+#[test]
+fn watch_changes_bring_facts_of_another_connection_until_a_flag_stops_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shop.db");
+    let mut store = Store::open(&path).unwrap();
+    let (shop, mut watch) = pending_watch(&mut store);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, path, shop) = (stop.clone(), path.clone(), shop.clone());
+        std::thread::spawn(move || {
+            let mut other = Store::open(&path).unwrap();
+            for id in 1..=3 {
+                std::thread::sleep(Duration::from_millis(20));
+                other.insert(&order_of(&shop, id)).unwrap();
+            }
+            // The last order is committed before the flag is set: it must be delivered.
+            stop.store(true, Ordering::Release);
+        })
+    };
+    let ids = added_ids(watch.changes(&store, Stop::when(stop)));
+    writer.join().unwrap();
+    assert_eq!(ids, [1, 2, 3]);
+}
+
+#[test]
+fn a_delivery_callback_ends_when_it_breaks() {
+    let mut store = Store::open_in_memory().unwrap();
+    let (shop, mut watch) = pending_watch(&mut store);
+    store.insert(&order_of(&shop, 1)).unwrap();
+    let mut seen = Vec::new();
+    watch
+        .deliver(&store, Stop::never(), |change| {
+            seen.push(change);
+            ControlFlow::Break(())
+        })
+        .unwrap();
+    assert_eq!(added_ids(seen.into_iter().map(Ok)), [1]);
+    store.insert(&order_of(&shop, 2)).unwrap();
+    store.insert(&order_of(&shop, 3)).unwrap();
+    let mut calls = 0;
+    watch
+        .deliver(&store, Stop::after(Duration::from_millis(100)), |_| {
+            calls += 1;
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(calls, 2);
+    assert_eq!(watch.results().len(), 3);
 }

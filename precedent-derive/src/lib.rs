@@ -4,27 +4,32 @@
 //! #[derive(Serialize, Deserialize, FactType)]
 //! #[fact(type = "Shop.Order")]
 //! struct Order {
-//!     #[fact(role)]
-//!     shop: Ref<Shop>,          // Arity::One
-//!     #[fact(role)]
-//!     replaces: Option<Ref<Order>>, // Arity::Optional
+//!     shop: Ref<Shop>,              // role "shop", Arity::One
+//!     replaces: Option<Ref<Order>>, // role "replaces", Arity::Optional
 //!     #[fact(role = "items")]
-//!     lines: Vec<Ref<Line>>,    // Arity::Many, stored under the role "items"
-//!     id: u64,                  // a field
+//!     #[serde(rename = "items")]
+//!     lines: Vec<Ref<Line>>,        // role "items", Arity::Many
+//!     id: u64,                      // a field
 //! }
 //! ```
 //!
-//! The arity of a role follows its Rust type: `Option<..>` is optional, `Vec<..>` many,
-//! anything else one. A role renamed with `#[fact(role = "name")]` must carry the same
-//! name for serde (`#[serde(rename = "name")]`), since roles are read from the serialised
-//! form.
+//! A field whose type holds references to facts is a predecessor role, named after the
+//! field: `Ref<_>` (`Arity::One`), `Option<Ref<_>>` (`Arity::Optional`), or a `Vec`,
+//! `BTreeSet` or `HashSet` of `Ref<_>` (`Arity::Many`). Every other field is a fact field.
+//! `#[fact(role = "name")]` renames a role, and must carry the same name for serde
+//! (`#[serde(rename = "name")]`), since roles are read from the serialised form.
+//! `#[fact(role)]` makes a role of a field of another type (one that serialises as a hash),
+//! and `#[fact(field)]` keeps a `Ref` a fact field: its hash stored as text, with no edge.
 
 use proc_macro::TokenStream;
 use quote::quote;
-use syn::{Data, DeriveInput, Fields, LitStr, Type, parse_macro_input};
+use syn::{
+    Data, DeriveInput, Field, Fields, GenericArgument, LitStr, PathArguments, PathSegment, Type,
+    parse_macro_input,
+};
 
-/// Implements `precedent::query::FactType` from `#[fact(type = "..")]` on the struct and
-/// `#[fact(role)]` / `#[fact(role = "..")]` on its predecessor fields.
+/// Implements `precedent::query::FactType` from `#[fact(type = "..")]` on the struct, with
+/// its `Ref` fields (and those marked `#[fact(role)]`) as predecessor roles.
 #[proc_macro_derive(FactType, attributes(fact))]
 pub fn derive_fact_type(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
@@ -66,30 +71,7 @@ fn expand(input: &DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
     };
     let mut roles = Vec::new();
     for field in &fields.named {
-        let mut role: Option<String> = None;
-        for attr in field.attrs.iter().filter(|a| a.path().is_ident("fact")) {
-            attr.parse_nested_meta(|meta| {
-                if meta.path.is_ident("role") {
-                    role = Some(match meta.value() {
-                        Ok(v) => v.parse::<LitStr>()?.value(),
-                        Err(_) => field
-                            .ident
-                            .as_ref()
-                            .map(|i| i.to_string())
-                            .unwrap_or_default(),
-                    });
-                    Ok(())
-                } else {
-                    Err(meta.error("expected `role` or `role = \"name\"`"))
-                }
-            })?;
-        }
-        if let Some(role) = role {
-            let arity = match outer_type_name(&field.ty).as_deref() {
-                Some("Option") => quote!(::precedent::query::Arity::Optional),
-                Some("Vec") => quote!(::precedent::query::Arity::Many),
-                _ => quote!(::precedent::query::Arity::One),
-            };
+        if let Some((role, arity)) = field_role(field)? {
             roles.push(quote!((#role, #arity)));
         }
     }
@@ -103,10 +85,88 @@ fn expand(input: &DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
     })
 }
 
-/// The last path segment of a type: `Option` for `std::option::Option<T>`.
-fn outer_type_name(ty: &Type) -> Option<String> {
+/// The role a field declares, with its arity; `None` for a fact field.
+///
+/// A field is a role when it says so (`#[fact(role)]`, `#[fact(role = "name")]`) or when
+/// its type holds references to facts (`Ref<_>`, `Option<Ref<_>>`, a `Vec`, `BTreeSet` or
+/// `HashSet` of `Ref<_>`): a reference stored as a fact field would be a hash in a string,
+/// with no edge for queries to walk. `#[fact(field)]` keeps such a field a fact field.
+fn field_role(field: &Field) -> syn::Result<Option<(String, proc_macro2::TokenStream)>> {
+    let mut named: Option<String> = None;
+    let (mut role, mut plain) = (false, false);
+    for attr in field.attrs.iter().filter(|a| a.path().is_ident("fact")) {
+        attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("role") {
+                role = true;
+                if let Ok(v) = meta.value() {
+                    named = Some(v.parse::<LitStr>()?.value());
+                }
+                Ok(())
+            } else if meta.path.is_ident("field") {
+                plain = true;
+                Ok(())
+            } else {
+                Err(meta.error("expected `role`, `role = \"name\"` or `field`"))
+            }
+        })?;
+    }
+    if role && plain {
+        return Err(syn::Error::new_spanned(
+            field,
+            "a field is either #[fact(role)] or #[fact(field)], not both",
+        ));
+    }
+    let (outer, holds_refs) = shape(&field.ty);
+    if plain || !(role || holds_refs) {
+        return Ok(None);
+    }
+    let arity = match outer.as_deref() {
+        Some("Option") => quote!(::precedent::query::Arity::Optional),
+        Some("Vec" | "BTreeSet" | "HashSet") => quote!(::precedent::query::Arity::Many),
+        _ => quote!(::precedent::query::Arity::One),
+    };
+    let name = named.unwrap_or_else(|| {
+        let ident = field
+            .ident
+            .as_ref()
+            .map(|i| i.to_string())
+            .unwrap_or_default();
+        // A raw identifier (`r#type`) serialises without its prefix.
+        ident.trim_start_matches("r#").to_string()
+    });
+    Ok(Some((name, arity)))
+}
+
+/// The last path segment of a type (`Option` for `std::option::Option<T>`), and whether
+/// the type is a `Ref<_>` or one of the containers above around a `Ref<_>`.
+fn shape(ty: &Type) -> (Option<String>, bool) {
+    let Some(last) = last_segment(ty) else {
+        return (None, false);
+    };
+    let outer = last.ident.to_string();
+    let holds_refs = match outer.as_str() {
+        "Ref" => true,
+        "Option" | "Vec" | "BTreeSet" | "HashSet" => first_type_argument(last)
+            .and_then(last_segment)
+            .is_some_and(|s| s.ident == "Ref"),
+        _ => false,
+    };
+    (Some(outer), holds_refs)
+}
+
+fn last_segment(ty: &Type) -> Option<&PathSegment> {
     match ty {
-        Type::Path(p) => p.path.segments.last().map(|s| s.ident.to_string()),
+        Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
         _ => None,
     }
+}
+
+fn first_type_argument(segment: &PathSegment) -> Option<&Type> {
+    let PathArguments::AngleBracketed(args) = &segment.arguments else {
+        return None;
+    };
+    args.args.iter().find_map(|a| match a {
+        GenericArgument::Type(t) => Some(t),
+        _ => None,
+    })
 }

@@ -30,18 +30,23 @@
 //! - `sql`: compilation to one SQL statement with bound parameters.
 //! - `run`: execution and projections ([`Store::query`](crate::Store::query)).
 //! - [`typed`]: typed facts ([`FactType`], [`Ref`]).
+//! - `typed_rows`: results read into serde types ([`QueryRow::value_as`]).
+//! - `call`: fluent calls ([`Store::prepare`](crate::Store::prepare), [`PreparedQuery`]).
 //! - [`watch`]: live watches ([`Watch`]).
 
+mod call;
 pub mod model;
 mod parse;
 mod run;
 mod sql;
 pub mod typed;
+mod typed_rows;
 pub use crate::predicate as value;
 pub mod watch;
 
 use std::fmt;
 
+pub use call::{IntoGiven, PreparedQuery};
 pub use model::{
     Cond, Condition, Given, Label, Match, OrderKey, Pos, Projection, Query, QueryBuilder, RolePath,
     SortBy, SubQuery, Test,
@@ -51,7 +56,7 @@ pub use precedent_derive::FactType;
 pub use run::{Givens, Projected, QueryRow};
 pub use typed::{Arity, FactType, Ref};
 pub use value::Op;
-pub use watch::{Change, Watch};
+pub use watch::{Change, Changes, Stop, Watch};
 
 /// A query that does not parse or does not check.
 #[derive(Clone, Debug, PartialEq, Eq)]

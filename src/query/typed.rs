@@ -31,8 +31,11 @@
 //! # Ok::<(), precedent::Error>(())
 //! ```
 //!
-//! The same with the derive macro, which reads the arity of each role from its Rust type
-//! (`Option` optional, `Vec` many, anything else one):
+//! The same with the derive macro. A field whose type holds [`Ref`]s is a role named after
+//! the field, with the arity its type says (`Ref` one, `Option<Ref>` optional, a `Vec`,
+//! `BTreeSet` or `HashSet` of `Ref` many); `#[fact(role = "name")]` renames it,
+//! `#[fact(field)]` keeps it a fact field. The order below is stored with an edge to its
+//! shop, which queries walk:
 //!
 //! ```
 //! use precedent::Store;
@@ -46,7 +49,6 @@
 //! #[derive(Serialize, Deserialize, FactType, Debug, PartialEq)]
 //! #[fact(type = "Shop.Order")]
 //! struct Order {
-//!     #[fact(role)]
 //!     shop: Ref<Shop>,
 //!     id: u64,
 //! }
@@ -55,6 +57,9 @@
 //! let shop = store.save(&Shop { name: "corner".into() })?;
 //! let order = store.save(&Order { shop, id: 7 })?;
 //! assert_eq!(store.load(order)?, Order { shop, id: 7 });
+//! let fact = store.get(&order.hash())?.unwrap();
+//! assert!(fact.predecessors()["shop"].contains(&shop.hash()));
+//! assert!(fact.field("shop").is_none());
 //! # Ok::<(), precedent::Error>(())
 //! ```
 
@@ -71,7 +76,7 @@ use super::{Projected, Query};
 use crate::error::{Error, Result};
 use crate::fact::{Fact, Predecessors};
 use crate::hash::FactHash;
-use crate::store::Store;
+use crate::store::{Store, Writer};
 
 /// How many facts a predecessor role of a typed fact holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,6 +130,22 @@ impl<T> PartialEq for Ref<T> {
     }
 }
 impl<T> Eq for Ref<T> {}
+// By hash, so that a `BTreeSet<Ref<T>>` or `HashSet<Ref<T>>` can hold a role of many.
+impl<T> PartialOrd for Ref<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<T> Ord for Ref<T> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.hash.cmp(&other.hash)
+    }
+}
+impl<T> std::hash::Hash for Ref<T> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.hash.hash(state);
+    }
+}
 impl<T> fmt::Debug for Ref<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Ref({})", self.hash)
@@ -160,14 +181,22 @@ fn hash_of<T: FactType>(v: &Json) -> Result<FactHash> {
 ///
 /// # Errors
 /// [`Error::InvalidFact`] if the value does not serialise to an object with its roles as
-/// hashes, or breaks the fact model.
+/// hashes (a role of [`Arity::One`] present), or breaks the fact model.
 pub fn to_fact<T: FactType>(value: &T) -> Result<Fact> {
     let Json::Object(mut obj) = serde_json::to_value(value).map_err(bad::<T>)? else {
         return Err(bad::<T>("a typed fact must serialise as an object"));
     };
     let mut preds = Predecessors::new();
-    for (role, _) in T::PREDECESSORS {
+    for (role, arity) in T::PREDECESSORS {
         let set: BTreeSet<FactHash> = match obj.remove(*role) {
+            // A role serialised under another name would otherwise be stored as a text
+            // field, with no edge.
+            None if *arity == Arity::One => {
+                return Err(bad::<T>(format!(
+                    "role {role} is not in the serialised form (a #[serde(rename)] needs \
+                     the same #[fact(role = ..)])"
+                )));
+            }
             None | Some(Json::Null) => BTreeSet::new(),
             Some(Json::Array(items)) => items.iter().map(hash_of::<T>).collect::<Result<_>>()?,
             Some(v) => BTreeSet::from([hash_of::<T>(&v)?]),
@@ -263,5 +292,40 @@ impl Store {
             out.push((Ref::new(f.hash()), from_fact(&f)?));
         }
         Ok(out)
+    }
+}
+
+impl Writer<'_> {
+    /// Stores a typed fact in this write transaction, as [`Store::save`] does on its own.
+    ///
+    /// ```
+    /// use precedent::Store;
+    /// use precedent::query::{FactType, Ref};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Serialize, Deserialize, FactType, Debug, PartialEq)]
+    /// #[fact(type = "Shop")]
+    /// struct Shop { name: String }
+    ///
+    /// #[derive(Serialize, Deserialize, FactType, Debug, PartialEq)]
+    /// #[fact(type = "Shop.Order")]
+    /// struct Order { shop: Ref<Shop>, id: u64 }
+    ///
+    /// let mut store = Store::open_in_memory()?;
+    /// // The shop and its order commit together, or not at all.
+    /// let (shop, order) = store.write(|w| {
+    ///     let shop = w.save(&Shop { name: "corner".into() })?;
+    ///     Ok((shop, w.save(&Order { shop, id: 7 })?))
+    /// })?;
+    /// assert_eq!(store.load(order)?, Order { shop, id: 7 });
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`to_fact`] and [`Writer::insert`].
+    pub fn save<T: FactType>(&mut self, value: &T) -> Result<Ref<T>> {
+        let fact = to_fact(value)?;
+        self.insert(&fact)?;
+        Ok(Ref::new(fact.hash()))
     }
 }

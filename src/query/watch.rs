@@ -39,6 +39,7 @@
 //! results the new facts are connected to through the collection's joins; those results
 //! are projected again, and reported as [`Change::Updated`] when their value changed.
 
+mod deliver;
 mod inverse;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -49,6 +50,7 @@ use super::run::Reader;
 use super::run::{Givens, QueryRow, top_plan};
 use crate::error::Result;
 use crate::store::Store;
+pub use deliver::{Changes, Stop};
 use inverse::{Compiled, Finds, Inverse, steady};
 
 /// A change to a watched query's results.
