@@ -122,7 +122,8 @@ impl Compiler {
     /// Adds a parameter; returns how the statement names it: `+?N`, behind a unary plus
     /// (a no-op on any value), so that SQLite's planner does not mark the parameter as
     /// one it looked at. A marked parameter expires the statement when its bindings are
-    /// cleared, which rusqlite does each time a statement goes back into its cache, so
+    /// cleared, which the SQLite backend's statement cache does each time it takes a
+    /// statement back, so
     /// every run would prepare the statement again (see `steady` in `watch/inverse.rs`).
     /// Compiled statements fix their join order and indexes themselves, so the plan is
     /// the same.

@@ -253,8 +253,7 @@ impl Store {
     }
 
     /// How many times, since the store was opened, the database prepared a statement run
-    /// by a query again (for tests that [`crate::query::Watch::poll`] keeps them
-    /// prepared).
+    /// through [`Sql`] again (for tests that a watch's polls keep theirs prepared).
     pub fn query_reprepares(&self) -> u64 {
         self.backend.reprepares()
     }

@@ -90,8 +90,8 @@ fn blob<'r>(r: &'r Row<'_>, i: usize) -> Result<&'r [u8]> {
     match r.value(i)? {
         ValueRef::Blob(b) => Ok(b),
         _ => Err(Error::Corrupt {
-            hash: r.hash(0).unwrap_or(FactHash([0; 32])),
-            reason: format!("column {i} does not hold bytes"),
+            hash: r.hash(0)?,
+            reason: format!("stored bytes (column {i}) are not a blob"),
         }),
     }
 }

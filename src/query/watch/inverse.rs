@@ -188,7 +188,8 @@ pub(super) fn recheck_plan(query: &Query, givens: &Givens) -> Result<Compiled> {
 ///
 /// SQLite marks a parameter that its planner looked at (the right side of an `=`, `LIMIT
 /// ?`) so that binding it again, or clearing the bindings, expires the statement, and
-/// rusqlite clears the bindings of every statement it takes back into its cache: each poll
+/// the SQLite backend's statement cache clears the bindings of every statement it takes
+/// back: each poll
 /// prepared every statement again (about 0.1 ms each; `Store::query_reprepares` counted
 /// one per statement per poll). Behind a unary `+`, a no-op on any value, the planner sees
 /// an expression and marks nothing. The plan does not change: compiled statements fix

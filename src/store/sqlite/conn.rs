@@ -153,6 +153,9 @@ impl<C: Deref<Target = Connection>> Sql for Tx<'_, C> {
     }
 }
 
+// Not part of the public API (hidden from the docs): it lets `?` turn SQLite's errors into
+// backend-neutral ones inside this module. Callers see only `Error::Backend`.
+#[doc(hidden)]
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Error {
         use rusqlite::ErrorCode as C;
