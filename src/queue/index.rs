@@ -150,10 +150,10 @@ pub(crate) fn defs_for(
     cache: &QueueCache,
 ) -> Result<Arc<QueueDefs>> {
     let qtx = state.get::<QueueTx>();
-    if qtx.checked {
-        if let Some(d) = &*cache.defs.lock().unwrap_or_else(|e| e.into_inner()) {
-            return Ok(d.clone());
-        }
+    if qtx.checked
+        && let Some(d) = &*cache.defs.lock().unwrap_or_else(|e| e.into_inner())
+    {
+        return Ok(d.clone());
     }
     let defs = load_defs(tx, cache)?;
     state.get::<QueueTx>().checked = true;

@@ -417,6 +417,10 @@ pub trait SqlExt: Sql {
 
 impl<S: Sql + ?Sized> SqlExt for S {}
 
+/// What [`ReadTx::for_each_released`] calls with each fact: its sequence number, hash and
+/// canonical bytes.
+pub type EachReleased<'a> = dyn FnMut(i64, FactHash, &[u8]) -> Result<()> + 'a;
+
 /// The fact core's reads, inside one read (or write) transaction.
 pub trait ReadTx: Sql {
     /// A released fact by hash.
@@ -491,12 +495,7 @@ pub trait ReadTx: Sql {
     ///
     /// # Errors
     /// [`Error::Corrupt`], or whatever `f` returns.
-    fn for_each_released(
-        &self,
-        after: i64,
-        upto: i64,
-        f: &mut dyn FnMut(i64, FactHash, &[u8]) -> Result<()>,
-    ) -> Result<()>;
+    fn for_each_released(&self, after: i64, upto: i64, f: &mut EachReleased<'_>) -> Result<()>;
 
     /// The sequence number and type id of each fact released after `after`, in release
     /// order (what a watch reads at each poll).

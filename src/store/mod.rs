@@ -35,8 +35,8 @@ use crate::fact::Fact;
 use crate::hash::{FactHash, HashPrefix};
 
 pub use backend::{
-    Arg, Backend, Dialect, FromSql, HookCtx, HookRunner, ReadTx, ReleaseHook, Row, RowSource, Sql,
-    SqlExt, SqlValue, ValueRef, WriteTx,
+    Arg, Backend, Dialect, EachReleased, FromSql, HookCtx, HookRunner, ReadTx, ReleaseHook, Row,
+    RowSource, Sql, SqlExt, SqlValue, ValueRef, WriteTx,
 };
 pub use sqlite::{SCHEMA_VERSION, SqliteBackend};
 pub use types::{BatchReport, HeldFact, InsertOutcome, Problem, Stats, StoredFact, VerifyReport};

@@ -9,7 +9,7 @@ use super::names::Kind;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::{FactHash, HashPrefix};
-use crate::store::backend::{Arg, ReadTx};
+use crate::store::backend::{Arg, EachReleased, ReadTx};
 use crate::store::{HeldFact, Stats, StoredFact, VerifyReport};
 
 /// A stored hash; one that is not 32 bytes is damage, reported as such, never a made-up
@@ -243,12 +243,7 @@ impl<C: Deref<Target = Connection>> ReadTx for Tx<'_, C> {
             .query_row([], |r| r.get::<_, i64>(0))? as u64)
     }
 
-    fn for_each_released(
-        &self,
-        after: i64,
-        upto: i64,
-        f: &mut dyn FnMut(i64, FactHash, &[u8]) -> Result<()>,
-    ) -> Result<()> {
+    fn for_each_released(&self, after: i64, upto: i64, f: &mut EachReleased<'_>) -> Result<()> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT seq, hash, bytes FROM fact WHERE seq > ?1 AND seq <= ?2 ORDER BY seq",
         )?;

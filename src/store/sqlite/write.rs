@@ -12,7 +12,7 @@ use crate::dag;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::{FactHash, HashPrefix};
-use crate::store::backend::{Arg, Dialect, HookRunner, ReadTx, Row, Sql, WriteTx};
+use crate::store::backend::{Arg, Dialect, EachReleased, HookRunner, ReadTx, Row, Sql, WriteTx};
 use crate::store::{BatchReport, HeldFact, InsertOutcome, Stats, StoredFact, VerifyReport};
 
 /// Held-set rows a cascade has used up, removed or updated together (see
@@ -97,7 +97,7 @@ impl ReadTx for SqliteWrite<'_> {
         walk(seq: i64, up: bool) -> Result<Vec<FactHash>>;
         for_each_of_type(type_id: i64, f: &mut dyn FnMut(Fact) -> Result<()>) -> Result<()>;
         held(limit: usize) -> Result<Vec<HeldFact>>;
-        for_each_released(after: i64, upto: i64, f: &mut dyn FnMut(i64, FactHash, &[u8]) -> Result<()>) -> Result<()>;
+        for_each_released(after: i64, upto: i64, f: &mut EachReleased<'_>) -> Result<()>;
         released_types(after: i64) -> Result<Vec<(i64, i64)>>;
         plan(sql: &str, args: &[Arg<'_>]) -> Result<Vec<String>>;
         last_seq() -> Result<i64>;
