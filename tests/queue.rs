@@ -10,7 +10,7 @@ use precedent::queue::{
     Completion, FailOutcome, Failure, FieldKind, FieldRequirement, ItemState, Ordering, QueueSpec,
     Semantics, system,
 };
-use precedent::store::{Sql, SqlExt};
+use precedent::store::SqlExt;
 use precedent::{Error, Fact, FactHash, Store, StoreOptions, args};
 use proptest::prelude::*;
 

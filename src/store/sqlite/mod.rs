@@ -23,14 +23,15 @@ mod write;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 
 use super::backend::{Backend, ReadTx, WriteTx};
 use super::{Durability, StoreOptions};
 use crate::clock::Clock;
-use crate::error::{Error, Result};
+use crate::error::{BackendError, BackendErrorKind, Error, Result};
 pub(crate) use conn::Tx;
 use names::NameCache;
 
@@ -61,6 +62,9 @@ pub(crate) struct Shared {
 
 /// A store's database in SQLite.
 pub struct SqliteBackend {
+    /// Taken before `writer`, with the busy timeout: in-process writers wait for each
+    /// other as long as SQLite would make writers in other processes wait.
+    write_lock: WriteLock,
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
     shared: Shared,
@@ -108,6 +112,7 @@ impl SqliteBackend {
         let writer = connect(&path, &options, temp.is_some())?;
         migrate(&writer)?;
         Ok(SqliteBackend {
+            write_lock: WriteLock::default(),
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
             shared: Shared {
@@ -169,6 +174,51 @@ fn install_trace(conn: &mut Connection, f: fn(&str)) {
     );
 }
 
+/// The in-process turn to write: a flag and a condition variable, so that a writer waits
+/// at most the busy timeout (a plain mutex would wait for ever) and is woken, not polled,
+/// when the writer before it finishes.
+#[derive(Default)]
+struct WriteLock {
+    taken: Mutex<bool>,
+    freed: Condvar,
+}
+
+/// A writer's turn, given back on drop.
+pub(crate) struct Turn<'a>(&'a WriteLock);
+
+impl WriteLock {
+    fn acquire(&self, timeout: Duration) -> Result<Turn<'_>> {
+        let deadline = Instant::now() + timeout;
+        let mut taken = lock(&self.taken);
+        while *taken {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Backend(BackendError::new(
+                    BackendErrorKind::Busy,
+                    format!(
+                        "sqlite: database is busy: another writer in this process held it past the {} ms busy timeout",
+                        timeout.as_millis()
+                    ),
+                )));
+            }
+            taken = self
+                .freed
+                .wait_timeout(taken, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *taken = true;
+        Ok(Turn(self))
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.taken) = false;
+        self.0.freed.notify_one();
+    }
+}
+
 /// Locks a mutex whose holder may have panicked: every holder here ends its transaction
 /// on drop (rollback), so the data behind a poisoned lock is as good as any.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -212,8 +262,13 @@ impl Backend for SqliteBackend {
     }
 
     fn write(&self) -> Result<Box<dyn WriteTx + '_>> {
+        let turn = self.write_lock.acquire(self.options.busy_timeout)?;
         let guard = lock(&self.writer);
-        Ok(Box::new(write::SqliteWrite::begin(guard, &self.shared)?))
+        Ok(Box::new(write::SqliteWrite::begin(
+            turn,
+            guard,
+            &self.shared,
+        )?))
     }
 
     fn rolled_back(&self) {}

@@ -7,7 +7,7 @@ use std::sync::MutexGuard;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::names::{Kind, PendingNames};
-use super::{Shared, Tx};
+use super::{Shared, Turn, Tx};
 use crate::dag;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
@@ -42,6 +42,9 @@ impl Cleanup {
 /// The write transaction of a SQLite store: the write connection, locked for its life.
 pub(crate) struct SqliteWrite<'a> {
     tx: Tx<'a, MutexGuard<'a, Connection>>,
+    /// This process's turn to write, held until the transaction ends (declared after
+    /// `tx`, so it is given back after the transaction is rolled back on drop).
+    _turn: Turn<'a>,
     names: PendingNames,
     /// The held count as of this transaction, read lazily from the counter table.
     held: Option<i64>,
@@ -178,11 +181,13 @@ impl WriteTx for SqliteWrite<'_> {
 impl<'a> SqliteWrite<'a> {
     /// Begins the write transaction on the locked write connection.
     pub(crate) fn begin(
+        turn: Turn<'a>,
         conn: MutexGuard<'a, Connection>,
         shared: &'a Shared,
     ) -> Result<SqliteWrite<'a>> {
         Ok(SqliteWrite {
             tx: Tx::begin(conn, shared, "BEGIN IMMEDIATE")?,
+            _turn: turn,
             names: PendingNames::default(),
             held: None,
             held_at_start: 0,

@@ -1,7 +1,6 @@
-//! The state every request shares: the store pool, tokens, limits, metrics, and the JSON
+//! The state every request shares: the store, tokens, limits, metrics, and the JSON
 //! error answer.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,38 +10,15 @@ use tokio::sync::watch;
 
 use super::Limits;
 use crate::error::{Error, Result};
-use crate::store::{Store, StoreOptions};
+use crate::store::Store;
 use crate::sync::SetDigest;
 use crate::sync::auth::{Access, Grant, Tokens};
 use crate::sync::metrics::Metrics;
 use crate::sync::wire::{self, ErrorBody};
 
-/// Stores kept open between requests, so a request does not pay for opening the file.
-pub(super) struct Pool {
-    pub(super) db: PathBuf,
-    pub(super) options: StoreOptions,
-    pub(super) idle: Mutex<Vec<Store>>,
-}
-
-impl Pool {
-    pub(super) fn take(&self) -> Result<Store> {
-        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match idle {
-            Some(s) => Ok(s),
-            None => Store::open_with(&self.db, self.options.clone()),
-        }
-    }
-
-    pub(super) fn give(&self, store: Store) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < 8 {
-            idle.push(store);
-        }
-    }
-}
-
 pub(super) struct App {
-    pub(super) pool: Pool,
+    /// The served store, shared by every request.
+    pub(super) store: Arc<Store>,
     pub(super) tokens: Tokens,
     pub(super) limits: Limits,
     pub(super) poll: Duration,
@@ -55,21 +31,17 @@ pub(super) struct App {
 }
 
 impl App {
-    /// Runs `f` with a pooled store on a blocking thread.
+    /// Runs `f` with the store on a blocking thread: store calls block, and must not
+    /// stall the runtime's workers.
     pub(super) async fn with_store<T: Send + 'static>(
         self: &Arc<App>,
-        f: impl FnOnce(&mut Store) -> Result<T> + Send + 'static,
+        f: impl FnOnce(&Store) -> Result<T> + Send + 'static,
     ) -> Result<T, Failure> {
         let app = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut store = app.pool.take()?;
-            let out = f(&mut store);
-            app.pool.give(store);
-            out
-        })
-        .await
-        .map_err(|e| Failure::internal(format!("worker failed: {e}")))?
-        .map_err(Failure::from)
+        tokio::task::spawn_blocking(move || f(&app.store))
+            .await
+            .map_err(|e| Failure::internal(format!("worker failed: {e}")))?
+            .map_err(Failure::from)
     }
 }
 

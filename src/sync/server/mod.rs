@@ -1,10 +1,11 @@
 //! The sync server: axum routes on hyper connections, optional rustls, limits, metrics
 //! and graceful shutdown.
 //!
-//! The server shares its database file with every other process: each request borrows a
-//! [`Store`] from a small pool on a blocking thread (`spawn_blocking`), and no write
-//! transaction is ever held across an `.await` (a push is decoded, stored and committed
-//! inside one blocking call).
+//! The server shares its database file with every other process. Every request uses the
+//! one shared [`Store`] on a blocking thread (`spawn_blocking`): reads run concurrently on
+//! the store's read connections, writes take its one writer, and no write transaction is
+//! ever held across an `.await` (a push is decoded, stored and committed inside one
+//! blocking call).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,7 +26,7 @@ use crate::sync::wire;
 mod app;
 mod routes;
 
-use app::{App, Pool};
+use app::App;
 use routes::router;
 
 /// Bounds on what one peer can make the server do. Each breach is answered with a JSON
@@ -102,6 +103,9 @@ pub struct Server {
     listener: TcpListener,
     config: ServerConfig,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The served store, shared by every request (reads run concurrently beside one
+    /// writer).
+    store: Arc<Store>,
     /// The served database's identity, reported in every pull and push answer.
     store_id: String,
 }
@@ -114,7 +118,8 @@ impl Server {
     /// [`Error::Io`] if the address cannot be bound; [`Error::SyncConfig`] for bad TLS
     /// files; store errors from opening the database.
     pub async fn bind(config: ServerConfig) -> Result<Server> {
-        let store_id = Store::open_with(&config.db, config.store_options.clone())?.store_id()?;
+        let store = Arc::new(Store::open_with(&config.db, config.store_options.clone())?);
+        let store_id = store.store_id()?;
         let tls = match &config.tls {
             Some((cert, key)) => Some(tls_acceptor(cert, key)?),
             None => None,
@@ -124,6 +129,7 @@ impl Server {
             listener,
             config,
             tls,
+            store,
             store_id,
         })
     }
@@ -144,11 +150,7 @@ impl Server {
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let app = Arc::new(App {
-            pool: Pool {
-                db: self.config.db.clone(),
-                options: self.config.store_options.clone(),
-                idle: Mutex::new(Vec::new()),
-            },
+            store: self.store.clone(),
             tokens: self.config.tokens.clone(),
             limits: self.config.limits.clone(),
             poll: self.config.poll_interval,

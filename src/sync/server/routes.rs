@@ -270,13 +270,7 @@ fn stream_page(app: Arc<App>, after: i64, page: &Page) -> Body {
     let through = page.through;
     let seqs = page.seqs.clone();
     tokio::task::spawn_blocking(move || {
-        let store = match app.pool.take() {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
-                return;
-            }
-        };
+        let store = &app.store;
         let mut buf = Vec::with_capacity(80 * 1024);
         let mut send = |bytes: &[u8]| -> Result<()> {
             buf.extend_from_slice(bytes);
@@ -301,7 +295,6 @@ fn stream_page(app: Arc<App>, after: i64, page: &Page) -> Body {
                 let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
             }
         }
-        app.pool.give(store);
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
