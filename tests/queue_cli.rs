@@ -46,17 +46,7 @@ fn orders(n: usize, chained: bool) -> Vec<Fact> {
 }
 
 fn declare(db: &Db, extra: &[&str]) {
-    let mut args = vec![
-        "queue",
-        "add",
-        "ship",
-        "--input",
-        "Shop.Order",
-        "--done-by",
-        "Shop.Shipped.order",
-    ];
-    args.extend_from_slice(extra);
-    db.ok(&args);
+    common::queue::declare(&db.path, extra);
 }
 
 fn work_once(db: &Db, script: &str) -> Output {

@@ -42,19 +42,28 @@ pub fn import(db: &Path, facts: &[Fact]) {
     run_ok(db, &["import", "-"], text.as_bytes());
 }
 
-/// Declares `ship` over the orders, done by a `Shop.Shipped` naming its order. Backoff
-/// starts at a millisecond: the crash tests want retries soon, not politely.
+/// Declares `ship` over the orders, done by a `Shop.Shipped` naming its order, with
+/// `extra` options of `queue add`.
+pub fn declare(db: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "queue",
+        "add",
+        "ship",
+        "--input",
+        "Shop.Order",
+        "--done-by",
+        "Shop.Shipped.order",
+    ];
+    args.extend_from_slice(extra);
+    run_ok(db, &args, b"");
+}
+
+/// Declares `ship` for a crash test. Backoff starts at a millisecond: the crash tests
+/// want retries soon, not politely.
 pub fn declare_ship(db: &Path, lease: &str, max_attempts: &str, backoff_cap: &str) {
-    run_ok(
+    declare(
         db,
         &[
-            "queue",
-            "add",
-            "ship",
-            "--input",
-            "Shop.Order",
-            "--done-by",
-            "Shop.Shipped.order",
             "--lease",
             lease,
             "--max-attempts",
@@ -66,7 +75,6 @@ pub fn declare_ship(db: &Path, lease: &str, max_attempts: &str, backoff_cap: &st
             "--backoff-cap",
             backoff_cap,
         ],
-        b"",
     );
 }
 
