@@ -18,73 +18,20 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::assert_topological;
+use common::bin::{cmd, run_ok as run};
+use common::process::{Server, kill, quiet, random_pause, spawn_and_kill};
+use common::queue::{self, EFFECT};
 use precedent::{Fact, FactHash, Store, json};
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
-use serde_json::Value as Json;
-
-const BIN: &str = env!("CARGO_BIN_EXE_precedent");
 /// Kills that must land per path.
 const KILLS: usize = 50;
 /// Attempts per path before giving up on reaching `KILLS`.
 const MAX_TRIES: usize = 400;
-
-fn cmd(db: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("PRECEDENT_DB")
-        .env_remove("PRECEDENT_TOKEN");
-    c
-}
-
-fn run(db: &Path, args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = cmd(db, args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// Spawns a child with no stdio, sleeps a random moment, and SIGKILLs it. Returns whether
-/// the child was still running when the kill landed.
-fn spawn_and_kill(c: &mut Command, rng: &mut StdRng, max_delay: Duration) -> bool {
-    let mut child = c
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let us = rng.random_range(1_000..max_delay.as_micros().max(2_000) as u64);
-    std::thread::sleep(Duration::from_micros(us));
-    kill(&mut child)
-}
-
-/// SIGKILLs `child` if it still runs; returns whether it did.
-fn kill(child: &mut Child) -> bool {
-    let running = child.try_wait().unwrap().is_none();
-    if running {
-        child.kill().unwrap(); // SIGKILL
-    }
-    child.wait().unwrap();
-    running
-}
 
 /// The invariants every restart checks: `verify` passes, release order is topological,
 /// and everything in `acked` is still released. Returns the released facts in order.
@@ -215,69 +162,18 @@ fn crash_loop_import_and_held_release() {
     report("import + held release", kills, tries, epochs, started);
 }
 
-/// A handler that prints an `Effect` fact naming its input and carrying the attempt.
-const EFFECT: &str = r#"printf '{"type":"Effect","fields":{"attempt":%s},"predecessors":{"input":"%s"}}\n' "$PRECEDENT_ATTEMPT" "$PRECEDENT_INPUT_HASH""#;
-
 /// A database with `n` orders (in chains of four if `chained`: a dead-lettered input
 /// would block the rest of its chain) and a queue `ship` over them.
 fn queue_db(path: &Path, n: usize, max_attempts: &str, chained: bool) -> Vec<FactHash> {
     run(path, &["init"], b"");
-    let shop = Fact::builder("Shop")
-        .field("name", "corner")
-        .build()
-        .unwrap();
-    let mut facts = vec![shop.clone()];
-    for i in 0..n {
-        let mut b = Fact::builder("Shop.Order")
-            .field("id", i as i64)
-            .predecessor("shop", shop.hash());
-        if chained && i % 4 != 0 {
-            b = b.predecessor("after", facts[i].hash());
-        }
-        facts.push(b.build().unwrap());
-    }
-    let text: String = facts
-        .iter()
-        .map(|f| json::to_json(f).to_string() + "\n")
-        .collect();
-    run(path, &["import", "-"], text.as_bytes());
-    run(
-        path,
-        &[
-            "queue",
-            "add",
-            "ship",
-            "--input",
-            "Shop.Order",
-            "--done-by",
-            "Shop.Shipped.order",
-            "--lease",
-            "300ms",
-            "--max-attempts",
-            max_attempts,
-            "--max-age",
-            "1d",
-            "--backoff-base",
-            "1ms",
-            "--backoff-cap",
-            "5ms",
-        ],
-        b"",
-    );
+    let facts = queue::orders(n, chained.then_some(4));
+    queue::import(path, &facts);
+    queue::declare_ship(path, "300ms", max_attempts, "5ms");
     facts[1..].iter().map(Fact::hash).collect()
 }
 
-fn queue_stats(db: &Path) -> Json {
-    let out = run(db, &["--json", "queue", "stats", "ship"], b"");
-    serde_json::from_slice::<Json>(&out.stdout).unwrap()[0].clone()
-}
-
-fn pending(s: &Json) -> u64 {
-    ["ready", "leased", "delayed", "blocked"]
-        .iter()
-        .map(|k| s[k].as_u64().unwrap())
-        .sum()
-}
+/// What is left to do of `ship`, dead letters aside.
+const PENDING: &[&str] = &["ready", "leased", "delayed", "blocked"];
 
 /// Per input: (effects, completions, dead letters), checked to be at most one each and
 /// an effect exactly when a completion.
@@ -343,7 +239,7 @@ fn crash_loop_claim_and_complete() {
         let landed = spawn_and_kill(&mut c, &mut rng, Duration::from_millis(120));
         let released = check_store(&db, &acked);
         queue_outcomes(&released);
-        let s = queue_stats(&db);
+        let s = queue::stats(&db);
         let now = s["completed"].as_u64().unwrap();
         assert!(
             now >= completed,
@@ -357,19 +253,7 @@ fn crash_loop_claim_and_complete() {
         acked = released.iter().map(Fact::hash).collect();
     }
     // Drain the last database: stranded leases expire, then every input has one effect.
-    let mut rounds = 0;
-    while pending(&queue_stats(&db)) > 0 {
-        rounds += 1;
-        assert!(rounds < 200, "still pending: {}", queue_stats(&db));
-        run(
-            &db,
-            &[
-                "work", "ship", "-j", "2", "--once", "--quiet", "--", "sh", "-c", EFFECT,
-            ],
-            b"",
-        );
-        std::thread::sleep(Duration::from_millis(30));
-    }
+    queue::drain(&db, EFFECT, PENDING, Duration::from_millis(30));
     let released = check_store(&db, &acked);
     let outcomes = queue_outcomes(&released);
     for h in &inputs {
@@ -410,7 +294,7 @@ fn crash_loop_dead_letter() {
         let landed = spawn_and_kill(&mut c, &mut rng, Duration::from_millis(120));
         let released = check_store(&db, &acked);
         let outcomes = queue_outcomes(&released);
-        let s = queue_stats(&db);
+        let s = queue::stats(&db);
         let now = s["dead"].as_u64().unwrap();
         assert!(now >= dead, "dead letters went back: {dead} -> {now}");
         assert_eq!(s["completed"], 0, "{s}");
@@ -425,59 +309,14 @@ fn crash_loop_dead_letter() {
         }
         acked = released.iter().map(Fact::hash).collect();
     }
-    let mut rounds = 0;
-    while pending(&queue_stats(&db)) > 0 {
-        rounds += 1;
-        assert!(rounds < 200, "still pending: {}", queue_stats(&db));
-        run(
-            &db,
-            &[
-                "work", "ship", "-j", "2", "--once", "--quiet", "--", "sh", "-c", FAIL,
-            ],
-            b"",
-        );
-        std::thread::sleep(Duration::from_millis(30));
-    }
+    queue::drain(&db, FAIL, PENDING, Duration::from_millis(30));
     let released = check_store(&db, &acked);
     let outcomes = queue_outcomes(&released);
     for h in &inputs {
         assert_eq!(outcomes.get(h), Some(&(0, 0, 1)), "{h}");
     }
-    assert_eq!(queue_stats(&db)["dead"], INPUTS as u64);
+    assert_eq!(queue::stats(&db)["dead"], INPUTS as u64);
     report("dead-letter", kills, tries, epochs, started);
-}
-
-/// A `precedent serve` child on a free port of 127.0.0.1; killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Server {
-    fn start(db: &Path) -> Server {
-        let mut child = cmd(db, &["serve", "--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = loop {
-            let line = lines.next().expect("serve exited").unwrap();
-            if let Some(u) = line.strip_prefix("listening on ") {
-                break u.trim().to_string();
-            }
-        };
-        // Keep reading, so the server never writes to a closed pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Server { child, url }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        kill(&mut self.child);
-    }
 }
 
 /// Every fact of `from` through release sequence `through` is released in `to`.
@@ -592,14 +431,10 @@ fn crash_loop_sync_push() {
         tries += 1;
         // The receiving server is the writer on a push: every third round it is the one
         // killed (and restarted on a new port), otherwise the pushing client.
-        let mut client = cmd(&b, &["sync", &url, "--push", "--batch", "20"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let mut client = quiet(&mut cmd(&b, &["sync", &url, "--push", "--batch", "20"]))
             .spawn()
             .unwrap();
-        let us = rng.random_range(1_000..full.as_micros().max(2_000) as u64);
-        std::thread::sleep(Duration::from_micros(us));
+        random_pause(&mut rng, full);
         let landed = if tries % 3 == 0 {
             let landed = client.try_wait().unwrap().is_none() && kill(&mut srv.child);
             let _ = client.wait();

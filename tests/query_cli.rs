@@ -1,43 +1,56 @@
 //! `precedent query` and `precedent watch` end to end, as separate processes.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
+
+use std::io::{BufRead, BufReader, Lines};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use precedent::{Fact, Store};
+use common::shop::{self, order, shipment};
+use precedent::{Fact, Store, json};
 
-fn precedent(db: &std::path::Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_precedent"));
-    c.arg("--db").arg(db);
-    c
+fn precedent(db: &Path) -> Command {
+    common::bin::cmd(db, &[])
 }
 
-fn shop_db() -> (tempfile::TempDir, std::path::PathBuf, Fact) {
+/// A database file holding the shop of [`shop::three_orders`].
+fn shop_db() -> (tempfile::TempDir, PathBuf, Fact) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("q.db");
-    let mut store = Store::open(&db).unwrap();
-    let shop = Fact::builder("Shop")
-        .field("name", "corner")
-        .build()
-        .unwrap();
-    let mut facts = vec![shop.clone()];
-    for id in 1..=3 {
-        facts.push(
-            Fact::builder("Shop.Order")
-                .field("id", id)
-                .predecessor("shop", shop.hash())
-                .build()
-                .unwrap(),
-        );
-    }
-    facts.push(
-        Fact::builder("Shop.Shipment")
-            .predecessor("order", facts[2].hash())
-            .build()
-            .unwrap(),
-    );
-    store.insert_batch(facts).unwrap();
+    let (shop, _) = shop::three_orders(&mut Store::open(&db).unwrap());
     (dir, db, shop)
+}
+
+/// `precedent watch TEXT --given s=SHOP` as a child, and its output lines.
+fn watch(db: &Path, text: &str, shop: &Fact) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut child = precedent(db)
+        .args(["watch", text, "--given", &format!("s={}", shop.hash())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
+}
+
+/// `precedent add` of `fact` in another process; returns the hash it prints.
+fn add(db: &Path, fact: &Fact) -> String {
+    let out = precedent(db)
+        .args(["add", &json::to_json(fact).to_string()])
+        .output()
+        .unwrap();
+    succeeded(out).trim().to_string()
+}
+
+/// The stdout of a command that must have succeeded.
+fn succeeded(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 const PENDING: &str = "given s: Shop
@@ -53,13 +66,7 @@ fn query_prints_json_lines_and_a_table_with_givens_by_prefix() {
         .args(["--json", "query", PENDING, "--given", &given])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
+    let lines: Vec<serde_json::Value> = succeeded(out)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
@@ -127,13 +134,7 @@ fn query_errors_have_exit_codes_and_positions() {
 #[test]
 fn watch_streams_additions_and_removals_from_other_processes() {
     let (_dir, db, shop) = shop_db();
-    let mut child = precedent(&db)
-        .args(["watch", PENDING, "--given", &format!("s={}", shop.hash())])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut lines) = watch(&db, PENDING, &shop);
     let mut next =
         || -> serde_json::Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
     let (a, b) = (next(), next());
@@ -142,27 +143,15 @@ fn watch_streams_additions_and_removals_from_other_processes() {
         (Some("added"), Some("added"))
     );
     // Another process adds an order, then ships it.
-    let add = |json: String| {
-        let out = precedent(&db).args(["add", &json]).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
     let started = Instant::now();
-    let order = add(format!(
-        r#"{{"type":"Shop.Order","fields":{{"id":9}},"predecessors":{{"shop":"{}"}}}}"#,
-        shop.hash()
-    ));
+    let nine = order(&shop, "id", 9);
+    let printed = add(&db, &nine);
+    assert_eq!(printed, nine.hash().to_string());
     let added = next();
     assert_eq!(added["change"], "added");
     assert_eq!(added["result"]["id"], 9);
-    assert_eq!(added["result"]["order"], order.as_str());
-    add(format!(
-        r#"{{"type":"Shop.Shipment","predecessors":{{"order":"{order}"}}}}"#
-    ));
+    assert_eq!(added["result"]["order"], printed.as_str());
+    add(&db, &shipment(&nine));
     let removed = next();
     assert_eq!(removed["change"], "removed");
     assert_eq!(removed["result"]["id"], 9);
@@ -182,13 +171,7 @@ match o: Shop.Order where o->shop = s
 order by o.id desc
 limit 2
 select o.id";
-    let mut child = precedent(&db)
-        .args(["watch", text, "--given", &format!("s={}", shop.hash())])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut lines) = watch(&db, text, &shop);
     let mut next = || -> (String, u64, i64) {
         let v: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
         (
@@ -197,25 +180,17 @@ select o.id";
             v["result"].as_i64().unwrap(),
         )
     };
-    let add = |json: String| {
-        let out = precedent(&db).args(["add", &json]).output().unwrap();
-        assert!(out.status.success());
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
     // Pending: orders 1 and 3 (2 is shipped), highest id first.
     assert_eq!(next(), ("added".into(), 0, 3));
     assert_eq!(next(), ("added".into(), 1, 1));
     // Order 9 comes first and pushes order 1 out.
-    let order = add(format!(
-        r#"{{"type":"Shop.Order","fields":{{"id":9}},"predecessors":{{"shop":"{}"}}}}"#,
-        shop.hash()
-    ));
+    let nine = order(&shop, "id", 9);
+    let printed = add(&db, &nine);
+    assert_eq!(printed, nine.hash().to_string());
     assert_eq!(next(), ("added".into(), 0, 9));
     assert_eq!(next(), ("removed".into(), 2, 1));
     // Shipping order 9 lets order 1 back in, at the end.
-    add(format!(
-        r#"{{"type":"Shop.Shipment","predecessors":{{"order":"{order}"}}}}"#
-    ));
+    add(&db, &shipment(&nine));
     assert_eq!(next(), ("removed".into(), 0, 9));
     assert_eq!(next(), ("added".into(), 1, 1));
     child.kill().unwrap();
@@ -230,13 +205,7 @@ fn watch_reports_changed_child_collections_as_updates() {
     let text = "given s: Shop
 match o: Shop.Order where o->shop = s
 select {id: o.id, notes: [match n: Shop.Note where n->order = o select n.text]}";
-    let mut child = precedent(&db)
-        .args(["watch", text, "--given", &format!("s={}", shop.hash())])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut lines) = watch(&db, text, &shop);
     let mut next =
         || -> serde_json::Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
     let shown: Vec<serde_json::Value> = (0..3).map(|_| next()).collect();

@@ -1,8 +1,12 @@
 //! Property tests: query results against a naive in-memory evaluator of the query model
 //! over random fact graphs, and watches against re-running the query after each insert.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use common::bin::Db;
+use common::shop::{givens, order, shipment, shop};
 use precedent::query::value::{Number, SortKey, sort_key};
 use precedent::query::{Change, Condition, Givens, Match, Projection, Query, QueryRow, SortBy};
 use precedent::{Fact, FactHash, Store, Value};
@@ -368,25 +372,18 @@ proptest! {
 #[test]
 fn a_watch_sees_an_order_arrive_and_leave_when_shipped() {
     let mut store = Store::open_in_memory().unwrap();
-    let shop = Fact::builder("Shop").build().unwrap();
+    let shop = shop("corner");
     let q = Query::parse(
         "given s: Shop match o: Shop.Order where o->shop = s
            and not exists (match sh: Shop.Shipment where sh->order = o) select o",
     )
     .unwrap();
-    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let givens = givens(&shop);
     // The given is not there yet.
     let mut watch = store.watch(&q, &givens).unwrap();
     assert!(watch.results().is_empty());
-    let order = Fact::builder("Shop.Order")
-        .field("id", 1)
-        .predecessor("shop", shop.hash())
-        .build()
-        .unwrap();
-    let ship = Fact::builder("Shop.Shipment")
-        .predecessor("order", order.hash())
-        .build()
-        .unwrap();
+    let order = order(&shop, "id", 1);
+    let ship = shipment(&order);
     // The order arrives before its shop: held, then released with it.
     store.insert(&order).unwrap();
     assert!(watch.poll(&store).unwrap().is_empty());
@@ -408,20 +405,9 @@ fn a_watch_sees_an_order_arrive_and_leave_when_shipped() {
 #[test]
 fn a_limited_watch_keeps_the_first_results() {
     let mut store = Store::open_in_memory().unwrap();
-    let shop = Fact::builder("Shop").build().unwrap();
-    let order = |total: i64| {
-        Fact::builder("Shop.Order")
-            .field("total", total)
-            .predecessor("shop", shop.hash())
-            .build()
-            .unwrap()
-    };
-    let ship = |o: &Fact| {
-        Fact::builder("Shop.Shipment")
-            .predecessor("order", o.hash())
-            .build()
-            .unwrap()
-    };
+    let shop = shop("corner");
+    let order = |total: i64| order(&shop, "total", total);
+    let ship = shipment;
     let (o5, o12, o30) = (order(5), order(12), order(30));
     store
         .insert_batch(vec![shop.clone(), o5.clone(), o12.clone(), o30.clone()])
@@ -432,7 +418,7 @@ fn a_limited_watch_keeps_the_first_results() {
          order by o.total desc limit 2 select o.total",
     )
     .unwrap();
-    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let givens = givens(&shop);
     let mut watch = store.watch(&q, &givens).unwrap();
     let totals = |w: &precedent::query::Watch| -> Vec<String> {
         w.results()
@@ -482,14 +468,8 @@ fn a_limited_watch_keeps_the_first_results() {
 #[test]
 fn a_limited_watch_orders_large_integers_exactly() {
     let mut store = Store::open_in_memory().unwrap();
-    let shop = Fact::builder("Shop").build().unwrap();
-    let order = |total: i64| {
-        Fact::builder("Shop.Order")
-            .field("total", total)
-            .predecessor("shop", shop.hash())
-            .build()
-            .unwrap()
-    };
+    let shop = shop("corner");
+    let order = |total: i64| order(&shop, "total", total);
     let big = 1i64 << 53;
     store
         .insert_batch(vec![shop.clone(), order(big + 1)])
@@ -499,7 +479,7 @@ fn a_limited_watch_orders_large_integers_exactly() {
          select o.total",
     )
     .unwrap();
-    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let givens = givens(&shop);
     let mut watch = store.watch(&q, &givens).unwrap();
     store.insert(&order(big)).unwrap();
     let changes = watch.poll(&store).unwrap();
@@ -514,14 +494,8 @@ fn a_limited_watch_orders_large_integers_exactly() {
 #[test]
 fn a_watch_updates_a_result_whose_child_collection_changed() {
     let mut store = Store::open_in_memory().unwrap();
-    let shop = Fact::builder("Shop").build().unwrap();
-    let order = |id: i64| {
-        Fact::builder("Shop.Order")
-            .field("id", id)
-            .predecessor("shop", shop.hash())
-            .build()
-            .unwrap()
-    };
+    let shop = shop("corner");
+    let order = |id: i64| order(&shop, "id", id);
     let (o1, o2) = (order(1), order(2));
     store
         .insert_batch(vec![shop.clone(), o1.clone(), o2.clone()])
@@ -531,7 +505,7 @@ fn a_watch_updates_a_result_whose_child_collection_changed() {
          select {id: o.id, notes: [match n: Shop.Note where n->order = o select n.text]}",
     )
     .unwrap();
-    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let givens = givens(&shop);
     let mut watch = store.watch(&q, &givens).unwrap();
     let note = Fact::builder("Shop.Note")
         .field("text", "fragile")
@@ -560,29 +534,22 @@ fn a_watch_updates_a_result_whose_child_collection_changed() {
 #[test]
 fn polls_prepare_no_statement_again() {
     let mut store = Store::open_in_memory().unwrap();
-    let shop = Fact::builder("Shop").build().unwrap();
+    let shop = shop("corner");
     store.insert(&shop).unwrap();
     let q = Query::parse(
         "given s: Shop match o: Shop.Order where o->shop = s and o.id >= 0
            and not exists (match sh: Shop.Shipment where sh->order = o) select o.id",
     )
     .unwrap();
-    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let givens = givens(&shop);
     let mut watch = store.watch(&q, &givens).unwrap();
     let before = store.query_reprepares();
     let mut changes = 0;
     for id in 0..5 {
-        let order = Fact::builder("Shop.Order")
-            .field("id", id)
-            .predecessor("shop", shop.hash())
-            .build()
-            .unwrap();
+        let order = order(&shop, "id", id);
         store.insert(&order).unwrap();
         changes += watch.poll(&store).unwrap().len();
-        let ship = Fact::builder("Shop.Shipment")
-            .predecessor("order", order.hash())
-            .build()
-            .unwrap();
+        let ship = shipment(&order);
         store.insert(&ship).unwrap();
         changes += watch.poll(&store).unwrap().len();
     }
@@ -592,25 +559,20 @@ fn polls_prepare_no_statement_again() {
 
 #[test]
 fn a_watch_sees_facts_written_by_another_process_within_its_interval() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("w.db");
-    let shop = Fact::builder("Shop").build().unwrap();
-    let mut writer = Store::open(&path).unwrap();
+    let db = Db::new();
+    let shop = shop("corner");
+    let mut writer = db.store();
     writer.insert(&shop).unwrap();
-    let reader = Store::open(&path).unwrap();
+    let reader = db.store();
     let q =
         Query::parse("given s: Shop match o: Shop.Order where o->shop = s select o.id").unwrap();
-    let givens = Givens::from([("s".to_string(), shop.hash())]);
+    let givens = givens(&shop);
     let mut watch = reader.watch(&q, &givens).unwrap();
     // Another process: the test binary's own child would do; a second connection on the
     // file is what SQLite sees either way.
     let handle = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(100));
-        let order = Fact::builder("Shop.Order")
-            .field("id", 9)
-            .predecessor("shop", shop.hash())
-            .build()
-            .unwrap();
+        let order = order(&shop, "id", 9);
         writer.insert(&order).unwrap();
         std::time::Instant::now()
     });

@@ -7,6 +7,7 @@ use std::time::Duration;
 mod common;
 
 use common::bin::{Db, code, stderr, stdout};
+use common::queue::EFFECT;
 use precedent::{Fact, json};
 use serde_json::Value as Json;
 
@@ -41,39 +42,12 @@ impl Db {
 
 /// A shop and `n` orders of it, each order after the previous one when `chained`.
 fn orders(n: usize, chained: bool) -> Vec<Fact> {
-    let shop = Fact::builder("Shop")
-        .field("name", "corner")
-        .build()
-        .unwrap();
-    let mut facts = vec![shop.clone()];
-    for i in 0..n {
-        let mut b = Fact::builder("Shop.Order")
-            .field("id", i as i64)
-            .predecessor("shop", shop.hash());
-        if chained && i > 0 {
-            b = b.predecessor("after", facts[i].hash());
-        }
-        facts.push(b.build().unwrap());
-    }
-    facts
+    common::queue::orders(n, chained.then_some(n))
 }
 
 fn declare(db: &Db, extra: &[&str]) {
-    let mut args = vec![
-        "queue",
-        "add",
-        "ship",
-        "--input",
-        "Shop.Order",
-        "--done-by",
-        "Shop.Shipped.order",
-    ];
-    args.extend_from_slice(extra);
-    db.ok(&args);
+    common::queue::declare(&db.path, extra);
 }
-
-/// A handler that prints an `Effect` fact naming its input and carrying the attempt.
-const EFFECT: &str = r#"printf '{"type":"Effect","fields":{"attempt":%s},"predecessors":{"input":"%s"}}\n' "$PRECEDENT_ATTEMPT" "$PRECEDENT_INPUT_HASH""#;
 
 fn work_once(db: &Db, script: &str) -> Output {
     db.run(&["work", "ship", "--once", "--", "sh", "-c", script])

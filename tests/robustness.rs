@@ -9,66 +9,19 @@ mod sync_support;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
+use common::bin::Db;
 use common::fact;
 use precedent::query::{Arity, FactType, Givens, Query, Ref};
-use precedent::sync::auth::{Grant, Tokens};
 use precedent::{Error, Fact, FactHash, Store, json};
-use sync_support::{CBOR, JSON_CT, Node, http};
+use sync_support::{CBOR, JSON_CT, Node, http, tokens};
 
-const BIN: &str = env!("CARGO_BIN_EXE_precedent");
 const INJECTION: &str = "'; DROP TABLE fact; --";
 
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-/// A database file in a temporary directory, driven through the binary.
-struct Db {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-}
-
-impl Db {
-    fn new() -> Db {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("bad.db");
-        Store::open(&path).unwrap();
-        Db { _dir: dir, path }
-    }
-
-    fn run(&self, args: &[&str], stdin: &[u8]) -> Output {
-        let mut child = Command::new(BIN)
-            .arg("--db")
-            .arg(&self.path)
-            .args(args)
-            .env_remove("PRECEDENT_DB")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
-        child.wait_with_output().unwrap()
-    }
-
-    fn store(&self) -> Store {
-        Store::open(&self.path).unwrap()
-    }
-
-    /// Released and held counts.
-    fn counts(&self) -> (u64, u64) {
-        let s = self.store();
-        (s.count_and_max_seq().unwrap().0, s.held_count().unwrap())
-    }
-
-    fn assert_clean(&self) {
-        let v = self.store().verify(|_| {}).unwrap();
-        assert!(v.is_clean(), "{:?}", v.problems);
-    }
-}
 
 /// Asserts an exit code and a fragment of stderr.
 fn assert_fails(out: &Output, code: i32, fragment: &str) {
@@ -86,10 +39,10 @@ fn cbor_refused(bytes: &[u8], fragment: &str) {
         err.to_string().contains(fragment),
         "{fragment:?} not in {err}"
     );
-    let db = Db::new();
+    let db = Db::init();
     let file = db.path.with_file_name("bad.cbor");
     std::fs::write(&file, bytes).unwrap();
-    let out = db.run(&["import", "--format", "cbor", file.to_str().unwrap()], b"");
+    let out = db.run_with(&["import", "--format", "cbor", file.to_str().unwrap()], b"");
     assert_fails(&out, 1, "record 1 (byte offset 0)");
     assert_eq!(db.counts(), (0, 0));
 }
@@ -102,8 +55,8 @@ fn json_refused(text: &str, fragment: &str) {
         err.to_string().contains(fragment),
         "{fragment:?} not in {err}"
     );
-    let db = Db::new();
-    let out = db.run(&["add", "-"], text.as_bytes());
+    let db = Db::init();
+    let out = db.run_with(&["add", "-"], text.as_bytes());
     assert_fails(&out, 1, fragment);
     assert_eq!(db.counts(), (0, 0));
 }
@@ -184,10 +137,10 @@ fn cbor_trailing_bytes() {
     let err = Fact::from_canonical(&hex(&format!("{MINIMAL}00"))).unwrap_err();
     assert!(err.to_string().contains("trailing bytes"), "{err}");
     // In a CBOR sequence the trailing byte is a second record, refused; the first is stored.
-    let db = Db::new();
+    let db = Db::init();
     let file = db.path.with_file_name("t.cbor");
     std::fs::write(&file, hex(&format!("{MINIMAL}00"))).unwrap();
-    let out = db.run(&["import", "--format", "cbor", file.to_str().unwrap()], b"");
+    let out = db.run_with(&["import", "--format", "cbor", file.to_str().unwrap()], b"");
     assert_fails(&out, 1, "record 2");
     assert_eq!(db.counts(), (1, 0));
 }
@@ -341,22 +294,22 @@ fn json_type_name_too_long() {
 #[test]
 fn json_import_bad_line() {
     // One bad line among good ones: reported by line, exit 1, the good lines stored.
-    let db = Db::new();
+    let db = Db::init();
     let input = "{\"type\": \"A\"}\n{\"type\": \n{\"type\": \"B\"}\n";
-    let out = db.run(&["import", "-"], input.as_bytes());
+    let out = db.run_with(&["import", "-"], input.as_bytes());
     assert_fails(&out, 1, "line 2");
     assert_eq!(db.counts(), (2, 0));
     // With --atomic, nothing at all.
-    let db = Db::new();
-    let out = db.run(&["import", "--atomic", "-"], input.as_bytes());
+    let db = Db::init();
+    let out = db.run_with(&["import", "--atomic", "-"], input.as_bytes());
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(db.counts(), (0, 0));
 }
 
 #[test]
 fn json_not_utf8() {
-    let db = Db::new();
-    let out = db.run(
+    let db = Db::init();
+    let out = db.run_with(
         &["import", "--format", "json", "-"],
         b"{\"type\": \"\xff\"}\n",
     );
@@ -375,8 +328,8 @@ fn missing_ancestors() {
     assert!(store.insert(&orphan).unwrap().is_held());
     assert_eq!(store.count_and_max_seq().unwrap().0, 0);
     assert_eq!(store.held_count().unwrap(), 1);
-    let db = Db::new();
-    let out = db.run(&["add", "-"], json::to_json(&orphan).to_string().as_bytes());
+    let db = Db::init();
+    let out = db.run_with(&["add", "-"], json::to_json(&orphan).to_string().as_bytes());
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("held"));
     assert_eq!(db.counts(), (0, 1));
@@ -384,11 +337,11 @@ fn missing_ancestors() {
 
 #[test]
 fn over_the_held_bound() {
-    let db = Db::new();
+    let db = Db::init();
     let absent = FactHash([7; 32]);
     for (i, want) in [(1, 0), (2, 1)] {
         let text = json::to_json(&fact("Orphan", i, &[absent])).to_string();
-        let out = db.run(&["--max-held", "1", "add", "-"], text.as_bytes());
+        let out = db.run_with(&["--max-held", "1", "add", "-"], text.as_bytes());
         if want == 0 {
             assert_eq!(out.status.code(), Some(0));
         } else {
@@ -400,11 +353,11 @@ fn over_the_held_bound() {
 
 #[test]
 fn unknown_prefix() {
-    let db = Db::new();
+    let db = Db::init();
     db.store().insert(&fact("A", 1, &[])).unwrap();
-    let out = db.run(&["get", "deadbeef"], b"");
+    let out = db.run_with(&["get", "deadbeef"], b"");
     assert_fails(&out, 3, "no fact matches prefix deadbeef");
-    let out = db.run(
+    let out = db.run_with(
         &["add", "-"],
         br#"{"type": "B", "predecessors": {"p": "deadbeef"}}"#,
     );
@@ -414,9 +367,13 @@ fn unknown_prefix() {
 
 #[test]
 fn bad_prefix() {
-    let db = Db::new();
-    assert_fails(&db.run(&["get", "dead"], b""), 1, "at least 8 hex digits");
-    assert_fails(&db.run(&["get", "zzzzzzzz"], b""), 1, "bad hash");
+    let db = Db::init();
+    assert_fails(
+        &db.run_with(&["get", "dead"], b""),
+        1,
+        "at least 8 hex digits",
+    );
+    assert_fails(&db.run_with(&["get", "zzzzzzzz"], b""), 1, "bad hash");
 }
 
 #[test]
@@ -431,14 +388,18 @@ fn ambiguous_prefix() {
             seen.insert(key, n).map(|m| (fact("Amb", m, &[]), f))
         })
         .unwrap();
-    let db = Db::new();
+    let db = Db::init();
     db.store().insert_batch(vec![a.clone(), b.clone()]).unwrap();
     let prefix = &a.hash().to_string()[..8];
     assert_eq!(prefix, &b.hash().to_string()[..8]);
-    let out = db.run(&["get", prefix], b"");
+    let out = db.run_with(&["get", prefix], b"");
     assert_fails(&out, 3, "is ambiguous");
     let text = format!(r#"{{"type": "C", "predecessors": {{"p": "{prefix}"}}}}"#);
-    assert_fails(&db.run(&["add", "-"], text.as_bytes()), 3, "is ambiguous");
+    assert_fails(
+        &db.run_with(&["add", "-"], text.as_bytes()),
+        3,
+        "is ambiguous",
+    );
     assert_eq!(db.counts(), (2, 0));
 }
 
@@ -471,14 +432,14 @@ fn typed_load_of_another_type() {
 
 #[test]
 fn unknown_queue() {
-    let db = Db::new();
+    let db = Db::init();
     assert_fails(
-        &db.run(&["queue", "show", "nope"], b""),
+        &db.run_with(&["queue", "show", "nope"], b""),
         3,
         "no queue named \"nope\"",
     );
     assert_fails(
-        &db.run(&["work", "nope", "--", "true"], b""),
+        &db.run_with(&["work", "nope", "--", "true"], b""),
         3,
         "no queue named",
     );
@@ -490,7 +451,7 @@ fn unknown_queue() {
 
 /// A database with a shop and an order whose note is an injection attempt.
 fn injection_db() -> (Db, Fact) {
-    let db = Db::new();
+    let db = Db::init();
     let shop = Fact::builder("Shop")
         .field("name", INJECTION)
         .build()
@@ -519,7 +480,7 @@ fn query_injection_in_query_text() {
         "match s: Shop select s.name\" OR 1=1 --".to_string(),
     ] {
         assert!(Query::parse(&text).is_err(), "{text}");
-        let out = db.run(&["query", &text], b"");
+        let out = db.run_with(&["query", &text], b"");
         assert_fails(&out, 1, "query at line");
     }
     assert_intact(&db);
@@ -540,7 +501,7 @@ fn query_injection_in_field_values() {
         .query(&Query::parse(q).unwrap(), &Givens::new())
         .unwrap();
     assert!(rows.is_empty());
-    let out = db.run(
+    let out = db.run_with(
         &[
             "--json",
             "query",
@@ -585,10 +546,10 @@ fn query_injection_in_names() {
 fn injection_in_stored_names_and_values() {
     // Type name, field name, role name and value all SQL injection attempts: stored and
     // read back verbatim, and nothing else happens.
-    let db = Db::new();
+    let db = Db::init();
     let base = json::to_json(&fact("Base", 1, &[])).to_string();
     assert_eq!(
-        db.run(&["add", "-"], base.as_bytes()).status.code(),
+        db.run_with(&["add", "-"], base.as_bytes()).status.code(),
         Some(0)
     );
     let base_hash = fact("Base", 1, &[]).hash();
@@ -598,7 +559,7 @@ fn injection_in_stored_names_and_values() {
         "predecessors": {INJECTION: base_hash.to_string()},
     })
     .to_string();
-    let out = db.run(&["add", "-"], text.as_bytes());
+    let out = db.run_with(&["add", "-"], text.as_bytes());
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -606,7 +567,7 @@ fn injection_in_stored_names_and_values() {
         String::from_utf8_lossy(&out.stderr)
     );
     let hash = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let out = db.run(&["get", &hash], b"");
+    let out = db.run_with(&["get", &hash], b"");
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(got["type"], INJECTION);
     assert_eq!(got["fields"][INJECTION], INJECTION);
@@ -625,12 +586,12 @@ fn injection_in_stored_names_and_values() {
 fn injection_in_queue_names() {
     let (db, _) = injection_db();
     assert_fails(
-        &db.run(&["queue", "show", INJECTION], b""),
+        &db.run_with(&["queue", "show", INJECTION], b""),
         3,
         "no queue named",
     );
     assert_fails(
-        &db.run(&["dlq", "list", INJECTION], b""),
+        &db.run_with(&["dlq", "list", INJECTION], b""),
         3,
         "no queue named",
     );
@@ -641,21 +602,21 @@ fn injection_in_queue_names() {
 fn query_givens_unbound_or_unknown() {
     let (db, shop) = injection_db();
     let q = "given s: Shop match o: Shop.Order where o->shop = s select o";
-    assert_fails(&db.run(&["query", q], b""), 2, "given s is not bound");
+    assert_fails(&db.run_with(&["query", q], b""), 2, "given s is not bound");
     let given = format!("s={}", "ab".repeat(32));
     assert_fails(
-        &db.run(&["query", q, "--given", &given], b""),
+        &db.run_with(&["query", q, "--given", &given], b""),
         3,
         "no fact matches prefix",
     );
     let given = format!("t={}", shop.hash());
     assert_fails(
-        &db.run(&["query", q, "--given", &given], b""),
+        &db.run_with(&["query", q, "--given", &given], b""),
         1,
         "the query has no given t",
     );
     let given = format!("s={INJECTION}");
-    let out = db.run(&["query", q, "--given", &given], b"");
+    let out = db.run_with(&["query", q, "--given", &given], b"");
     assert_ne!(out.status.code(), Some(0));
     assert_intact(&db);
 }
@@ -688,7 +649,7 @@ fn query_deep_nesting() {
     for text in texts {
         let file = db.path.with_file_name("deep.query");
         std::fs::write(&file, &text).unwrap();
-        let out = db.run(&["query", "-f", file.to_str().unwrap()], b"");
+        let out = db.run_with(&["query", "-f", file.to_str().unwrap()], b"");
         assert_fails(&out, 1, "query at line");
     }
     assert_intact(&db);
@@ -696,33 +657,6 @@ fn query_deep_nesting() {
 
 // ---------------------------------------------------------------------------------------
 // The sync server
-
-fn grants() -> Tokens {
-    Tokens::new(vec![
-        Grant {
-            name: "writer".into(),
-            token: "w-secret".into(),
-            read: true,
-            write: true,
-            types: None,
-        },
-        Grant {
-            name: "reader".into(),
-            token: "r-secret".into(),
-            read: true,
-            write: false,
-            types: None,
-        },
-        Grant {
-            name: "shops-only".into(),
-            token: "s-secret".into(),
-            read: false,
-            write: true,
-            types: Some(vec!["Shop".into()]),
-        },
-    ])
-    .unwrap()
-}
 
 fn assert_error(got: (u16, serde_json::Value), status: u16, code: &str) {
     assert_eq!(got.0, status, "{}", got.1);
@@ -739,7 +673,7 @@ fn assert_nothing_stored(node: &Node) {
 #[test]
 fn http_missing_bearer_token() {
     let node = Node::new();
-    let server = node.serve_with(|c| c.tokens = grants());
+    let server = node.serve_with(|c| c.tokens = tokens());
     let body = fact("Shop", 1, &[]).canonical_bytes().to_vec();
     assert_error(
         http(&server, "POST", "/v1/facts", CBOR, &body, None),
@@ -757,7 +691,7 @@ fn http_missing_bearer_token() {
 #[test]
 fn http_wrong_bearer_token() {
     let node = Node::new();
-    let server = node.serve_with(|c| c.tokens = grants());
+    let server = node.serve_with(|c| c.tokens = tokens());
     let body = fact("Shop", 1, &[]).canonical_bytes().to_vec();
     // (A trailing space is not a wrong token: HTTP trims it from the header value.)
     for token in ["nope", "W-SECRET", "w-secre", "", INJECTION] {
@@ -770,7 +704,7 @@ fn http_wrong_bearer_token() {
 #[test]
 fn http_read_only_token_pushes() {
     let node = Node::new();
-    let server = node.serve_with(|c| c.tokens = grants());
+    let server = node.serve_with(|c| c.tokens = tokens());
     let body = fact("Shop", 1, &[]).canonical_bytes().to_vec();
     let got = http(&server, "POST", "/v1/facts", CBOR, &body, Some("r-secret"));
     assert_error(got, 403, "forbidden");
@@ -780,7 +714,7 @@ fn http_read_only_token_pushes() {
 #[test]
 fn http_forbidden_fact_type() {
     let node = Node::new();
-    let server = node.serve_with(|c| c.tokens = grants());
+    let server = node.serve_with(|c| c.tokens = tokens());
     let shop = fact("Shop", 1, &[]);
     let order = fact("Shop.Order", 2, &[shop.hash()]);
     let body = [shop.canonical_bytes(), order.canonical_bytes()].concat();

@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::bin::Db;
+use common::shop::{order, shipment, shop};
 use common::{assert_topological, chain, fact};
 use precedent::store::Durability;
 use precedent::{Error, Fact, FactHash, InsertOutcome, Store, StoreOptions};
@@ -81,25 +83,24 @@ fn a_fact_with_two_missing_parents_waits_for_both() {
 
 #[test]
 fn held_facts_survive_a_restart_and_release_later() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("p.db");
+    let db = Db::new();
     let facts = chain(5);
     {
-        let mut s = Store::open(&path).unwrap();
+        let mut s = db.store();
         let report = s.insert_batch(facts[2..].to_vec()).unwrap();
         assert_eq!(report.held, 3);
         assert_eq!(report.released, 0);
     }
     {
-        let mut s = Store::open(&path).unwrap();
+        let mut s = db.store();
         assert_eq!(s.stats().unwrap().held, 3);
         s.insert(&facts[1]).unwrap();
     }
-    let mut s = Store::open(&path).unwrap();
+    let mut s = db.store();
     assert_eq!(s.stats().unwrap().held, 4);
     assert_eq!(s.insert(&facts[0]).unwrap().released(), 5);
     drop(s);
-    let s = Store::open(&path).unwrap();
+    let s = db.store();
     assert_eq!(s.stats().unwrap().released, 5);
     assert_eq!(s.stats().unwrap().held, 0);
     assert_topological(&s);
@@ -180,20 +181,13 @@ fn a_failed_write_leaves_nothing_behind() {
 #[test]
 fn reads_follow_edges_by_role_and_type() {
     let mut s = Store::open_in_memory().unwrap();
-    let shop = fact("Shop", 1, &[]);
-    let order = Fact::builder("Order")
-        .field("id", 1)
-        .predecessor("shop", shop.hash())
-        .build()
-        .unwrap();
+    let shop = shop("corner");
+    let order = order(&shop, "id", 1);
     let other = Fact::builder("Review")
         .predecessor("about", shop.hash())
         .build()
         .unwrap();
-    let ship = Fact::builder("Shipped")
-        .predecessor("order", order.hash())
-        .build()
-        .unwrap();
+    let ship = shipment(&order);
     s.insert_batch(vec![
         ship.clone(),
         other.clone(),
@@ -229,7 +223,7 @@ fn reads_follow_edges_by_role_and_type() {
     want.sort();
     assert_eq!(down, want);
     assert_eq!(
-        hashes(s.facts_of_type("Order").unwrap()),
+        hashes(s.facts_of_type("Shop.Order").unwrap()),
         vec![order.hash()]
     );
 }
@@ -268,22 +262,28 @@ fn a_long_cascade_with_fan_in_releases_everything_once() {
 
 /// A database written by schema version 3 (held facts waiting in `held_wait` only) opens
 /// at the current version and its held facts release as before.
+/// The tables of schema version 3 as today's first three migrations write them (the
+/// databases version 3 itself wrote are in `fixtures/schemas/`), with no rows.
+fn version_3_tables(db: &Db) -> rusqlite::Connection {
+    let raw = db.raw();
+    for sql in [
+        include_str!("../schema/001_initial.sql"),
+        include_str!("../schema/002_queues.sql"),
+        include_str!("../schema/003_sync.sql"),
+    ] {
+        raw.execute_batch(sql).unwrap();
+    }
+    raw
+}
+
 #[test]
 fn held_facts_of_a_version_3_database_release_after_migration() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("v3.db");
+    let db = Db::new();
     let facts = chain(5);
     {
         // Version 3 as its migrations wrote it, holding facts 1 to 4 of the chain, each
         // waiting for the one before it by hash.
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        for sql in [
-            include_str!("../schema/001_initial.sql"),
-            include_str!("../schema/002_queues.sql"),
-            include_str!("../schema/003_sync.sql"),
-        ] {
-            conn.execute_batch(sql).unwrap();
-        }
+        let conn = version_3_tables(&db);
         for (i, f) in facts.iter().enumerate().skip(1) {
             conn.execute(
                 "INSERT INTO held (id, hash, bytes, missing, held_at) VALUES (?1, ?2, ?3, 1, 0)",
@@ -301,7 +301,7 @@ fn held_facts_of_a_version_3_database_release_after_migration() {
         )
         .unwrap();
     }
-    let mut s = Store::open(&path).unwrap();
+    let mut s = db.store();
     assert_eq!(s.stats().unwrap().held, 4);
     assert!(s.verify(|_| {}).unwrap().is_clean());
     assert_eq!(s.insert(&facts[0]).unwrap().released(), 5);
@@ -325,9 +325,8 @@ fn ancestors_of_a_chain_of_100_000_facts() {
 
 #[test]
 fn prefixes_resolve_when_unique_and_fail_clearly_otherwise() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("p.db");
-    let mut s = Store::open(&path).unwrap();
+    let db = Db::new();
+    let mut s = db.store();
     let f = fact("A", 1, &[]);
     s.insert(&f).unwrap();
     let h = f.hash().to_string();
@@ -340,7 +339,7 @@ fn prefixes_resolve_when_unique_and_fail_clearly_otherwise() {
     assert!(matches!(s.resolve(&h[..7]), Err(Error::BadHash { .. })));
     drop(s);
     // Two rows whose hashes share 8 hex digits, written underneath the store.
-    let raw = rusqlite::Connection::open(&path).unwrap();
+    let raw = db.raw();
     for last in [1u8, 2] {
         let mut hash = [0xab; 32];
         hash[31] = last;
@@ -351,7 +350,7 @@ fn prefixes_resolve_when_unique_and_fail_clearly_otherwise() {
         .unwrap();
     }
     drop(raw);
-    let s = Store::open(&path).unwrap();
+    let s = db.store();
     match s.resolve("abababab") {
         Err(Error::AmbiguousPrefix { candidates, .. }) => assert_eq!(candidates.len(), 2),
         other => panic!("{other:?}"),
@@ -360,14 +359,10 @@ fn prefixes_resolve_when_unique_and_fail_clearly_otherwise() {
 
 #[test]
 fn a_database_from_a_newer_version_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("p.db");
-    drop(Store::open(&path).unwrap());
-    rusqlite::Connection::open(&path)
-        .unwrap()
-        .pragma_update(None, "user_version", 999)
-        .unwrap();
-    match Store::open(&path) {
+    let db = Db::new();
+    drop(db.store());
+    db.raw().pragma_update(None, "user_version", 999).unwrap();
+    match Store::open(&db.path) {
         Err(e @ Error::SchemaTooNew { found: 999, .. }) => assert!(e.to_string().contains("newer")),
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("opened a newer database"),
@@ -376,11 +371,10 @@ fn a_database_from_a_newer_version_is_refused() {
 
 #[test]
 fn verify_finds_damaged_rows() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("p.db");
+    let db = Db::new();
     let facts = chain(3);
     let mut s = Store::open_with(
-        &path,
+        &db.path,
         StoreOptions {
             durability: Durability::Normal,
             ..StoreOptions::default()
@@ -391,7 +385,7 @@ fn verify_finds_damaged_rows() {
     s.insert(&fact("Lonely", 1, &[FactHash([7; 32])])).unwrap();
     assert!(s.verify(|_| {}).unwrap().is_clean());
     drop(s);
-    let raw = rusqlite::Connection::open(&path).unwrap();
+    let raw = db.raw();
     let other = fact("Z", 9, &[]);
     raw.execute(
         "UPDATE fact SET bytes = ?1 WHERE seq = 2",
@@ -404,7 +398,7 @@ fn verify_finds_damaged_rows() {
         .unwrap();
     raw.execute("DELETE FROM held_wait", []).unwrap();
     drop(raw);
-    let s = Store::open(&path).unwrap();
+    let s = db.store();
     let report = s.verify(|_| {}).unwrap();
     let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
     assert!(
@@ -439,32 +433,25 @@ fn verify_finds_damaged_rows() {
 
 #[test]
 fn verify_finds_an_edge_whose_types_are_not_its_facts_types() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("p.db");
-    let mut s = Store::open(&path).unwrap();
-    let shop = fact("Shop", 1, &[]);
-    let order = Fact::builder("Order")
-        .predecessor("shop", shop.hash())
-        .build()
-        .unwrap();
-    let ship = Fact::builder("Shipped")
-        .predecessor("order", order.hash())
-        .build()
-        .unwrap();
+    let db = Db::new();
+    let mut s = db.store();
+    let shop = shop("corner");
+    let order = order(&shop, "id", 1);
+    let ship = shipment(&order);
     s.insert_batch(vec![shop.clone(), order.clone(), ship.clone()])
         .unwrap();
     assert!(s.verify(|_| {}).unwrap().is_clean());
     drop(s);
-    // The order's edge says its successor is a Shipped; the shipment's edge says its
+    // The order's edge says its successor is a Shop.Shipment; the shipment's edge says its
     // predecessor is a Shop. Both type ids exist, so only a comparison with the facts finds it.
-    let raw = rusqlite::Connection::open(&path).unwrap();
+    let raw = db.raw();
     let id = |name: &str| -> i64 {
         raw.query_row("SELECT id FROM fact_type WHERE name = ?1", [name], |r| {
             r.get(0)
         })
         .unwrap()
     };
-    let (shop_t, order_t, ship_t) = (id("Shop"), id("Order"), id("Shipped"));
+    let (shop_t, order_t, ship_t) = (id("Shop"), id("Shop.Order"), id("Shop.Shipment"));
     let changed = raw
         .execute(
             "UPDATE edge SET successor_type = ?1 WHERE successor_type = ?2",
@@ -480,7 +467,7 @@ fn verify_finds_an_edge_whose_types_are_not_its_facts_types() {
         .unwrap();
     assert_eq!(changed, 1);
     drop(raw);
-    let s = Store::open(&path).unwrap();
+    let s = db.store();
     let text: Vec<String> = s
         .verify(|_| {})
         .unwrap()
@@ -505,35 +492,16 @@ fn verify_finds_an_edge_whose_types_are_not_its_facts_types() {
 
 #[test]
 fn a_version_3_database_gains_edge_types_when_opened() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("v3.db");
-    let shop = fact("Shop", 1, &[]);
-    let orders: Vec<Fact> = (0..3)
-        .map(|i| {
-            Fact::builder("Order")
-                .field("id", i)
-                .predecessor("shop", shop.hash())
-                .build()
-                .unwrap()
-        })
-        .collect();
-    let ship = Fact::builder("Shipped")
-        .predecessor("order", orders[1].hash())
-        .build()
-        .unwrap();
+    let db = Db::new();
+    let shop = shop("corner");
+    let orders: Vec<Fact> = (0..3).map(|i| order(&shop, "id", i)).collect();
+    let ship = shipment(&orders[1]);
     // The tables and rows as version 3 wrote them: edges without types.
     {
-        let raw = rusqlite::Connection::open(&path).unwrap();
-        for sql in [
-            include_str!("../schema/001_initial.sql"),
-            include_str!("../schema/002_queues.sql"),
-            include_str!("../schema/003_sync.sql"),
-        ] {
-            raw.execute_batch(sql).unwrap();
-        }
+        let raw = version_3_tables(&db);
         raw.pragma_update(None, "user_version", 3).unwrap();
         raw.execute_batch(
-            "INSERT INTO fact_type (id, name) VALUES (1, 'Shop'), (2, 'Order'), (3, 'Shipped');
+            "INSERT INTO fact_type (id, name) VALUES (1, 'Shop'), (2, 'Shop.Order'), (3, 'Shop.Shipment');
              INSERT INTO role (id, name) VALUES (1, 'shop'), (2, 'order');",
         )
         .unwrap();
@@ -553,9 +521,9 @@ fn a_version_3_database_gains_edge_types_when_opened() {
         )
         .unwrap();
     }
-    let mut s = Store::open(&path).unwrap();
+    let mut s = db.store();
     assert!(s.verify(|_| {}).unwrap().is_clean());
-    let raw = rusqlite::Connection::open(&path).unwrap();
+    let raw = db.raw();
     let edges: Vec<(i64, i64, i64, i64, i64)> = raw
         .prepare(
             "SELECT predecessor, role_id, successor_type, successor, predecessor_type
@@ -580,20 +548,17 @@ fn a_version_3_database_gains_edge_types_when_opened() {
     let hashes = |v: Vec<Fact>| v.iter().map(Fact::hash).collect::<Vec<_>>();
     assert_eq!(
         hashes(
-            s.successors(&shop.hash(), Some("shop"), Some("Order"))
+            s.successors(&shop.hash(), Some("shop"), Some("Shop.Order"))
                 .unwrap()
         ),
         orders.iter().map(Fact::hash).collect::<Vec<_>>()
     );
     // A migrated store keeps writing typed edges.
-    let late = Fact::builder("Shipped")
-        .predecessor("order", orders[2].hash())
-        .build()
-        .unwrap();
+    let late = shipment(&orders[2]);
     s.insert(&late).unwrap();
     assert_eq!(
         hashes(
-            s.successors(&orders[2].hash(), Some("order"), Some("Shipped"))
+            s.successors(&orders[2].hash(), Some("order"), Some("Shop.Shipment"))
                 .unwrap()
         ),
         vec![late.hash()]
@@ -642,10 +607,9 @@ proptest! {
         bounds.push(0);
         bounds.push(delivery.len());
         bounds.sort();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.db");
+        let db = Db::new();
         let opts = StoreOptions { durability: Durability::Normal, ..StoreOptions::default() };
-        let mut store = Store::open_with(&path, opts.clone()).unwrap();
+        let mut store = Store::open_with(&db.path, opts.clone()).unwrap();
         let mut released = 0;
         for (i, w) in bounds.windows(2).enumerate() {
             let batch = delivery[w[0]..w[1]].to_vec();
@@ -656,7 +620,7 @@ proptest! {
             }
             if reopen_mask & (1 << (i % 8)) != 0 {
                 drop(store);
-                store = Store::open_with(&path, opts.clone()).unwrap();
+                store = Store::open_with(&db.path, opts.clone()).unwrap();
             }
         }
         let stats = store.stats().unwrap();

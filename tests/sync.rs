@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{assert_topological, chain, fact};
-use precedent::sync::auth::{Grant, Tokens};
 use precedent::sync::client::{Client, ClientOptions, Direction, SyncOptions};
 use precedent::sync::server::Limits;
 use precedent::{Error, FactHash, Store};
@@ -354,33 +353,6 @@ fn a_fetched_fact_that_was_not_asked_for_is_quarantined() {
     assert_eq!(r.quarantined, 1, "{r:?}");
     assert!(sb.lookup(&stranger.hash()).unwrap().is_none());
     assert_eq!(sb.held_count().unwrap(), 1);
-}
-
-fn tokens() -> Tokens {
-    Tokens::new(vec![
-        Grant {
-            name: "writer".into(),
-            token: "w-secret".into(),
-            read: true,
-            write: true,
-            types: None,
-        },
-        Grant {
-            name: "reader".into(),
-            token: "r-secret".into(),
-            read: true,
-            write: false,
-            types: None,
-        },
-        Grant {
-            name: "shops-only".into(),
-            token: "s-secret".into(),
-            read: false,
-            write: true,
-            types: Some(vec!["Shop".into()]),
-        },
-    ])
-    .unwrap()
 }
 
 #[test]

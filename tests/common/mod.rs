@@ -2,6 +2,9 @@
 #![allow(dead_code)]
 
 pub mod bin;
+pub mod process;
+pub mod queue;
+pub mod shop;
 
 use precedent::{Fact, FactHash, Store};
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use precedent::sync::auth::{Grant, Tokens};
 use precedent::sync::client::{Client, ClientOptions, SyncOptions};
 use precedent::sync::server::{Running, ServerConfig};
 use precedent::{Fact, FactHash, Store};
@@ -398,4 +399,33 @@ fn pump(
     let _ = to.shutdown(Shutdown::Both);
     let _ = from.shutdown(Shutdown::Both);
     seen
+}
+
+/// Three grants: `writer` (w-secret) reads and writes, `reader` (r-secret) only reads,
+/// `shops-only` (s-secret) writes facts of type Shop and reads nothing.
+pub fn tokens() -> Tokens {
+    Tokens::new(vec![
+        Grant {
+            name: "writer".into(),
+            token: "w-secret".into(),
+            read: true,
+            write: true,
+            types: None,
+        },
+        Grant {
+            name: "reader".into(),
+            token: "r-secret".into(),
+            read: true,
+            write: false,
+            types: None,
+        },
+        Grant {
+            name: "shops-only".into(),
+            token: "s-secret".into(),
+            read: false,
+            write: true,
+            types: Some(vec!["Shop".into()]),
+        },
+    ])
+    .unwrap()
 }
