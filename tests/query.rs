@@ -69,7 +69,7 @@ fn documented_store() -> (Store, Givens) {
         .build()
         .unwrap();
     facts.extend([customer.clone(), first, second]);
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     store.insert_batch(facts).unwrap();
     let givens = Givens::from([
         ("s".to_string(), corner.hash()),
@@ -215,7 +215,7 @@ fn a_step_through_a_role_checks_the_type_in_the_edge() {
 /// must be told apart in every step (in the documented data each role leads to one type).
 #[test]
 fn facts_of_several_types_through_one_role_are_told_apart() {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let shop = Fact::builder("Shop")
         .field("name", "corner")
         .build()
@@ -532,7 +532,7 @@ impl FactType for Order {
 
 #[test]
 fn typed_facts_save_load_and_query() {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let shop = store
         .save(&Shop {
             name: "corner".into(),
@@ -610,7 +610,7 @@ proptest! {
         let again = Fact::from_canonical(fact.canonical_bytes()).unwrap();
         let back: Order = precedent::query::typed::from_fact(&again).unwrap();
         prop_assert_eq!(&back, &order);
-        let mut store = Store::open_in_memory().unwrap();
+        let store = Store::open_in_memory().unwrap();
         let mut shops = vec![Shop { name: _name.clone() }, Shop { name: "old".into() }];
         let _ = &mut shops;
         for s in &shops {
@@ -789,7 +789,7 @@ fn watch_changes_bring_facts_of_another_connection_until_a_flag_stops_them() {
     let writer = {
         let (stop, path, shop) = (stop.clone(), path.clone(), shop.clone());
         std::thread::spawn(move || {
-            let mut other = Store::open(&path).unwrap();
+            let other = Store::open(&path).unwrap();
             for id in 1..=3 {
                 std::thread::sleep(Duration::from_millis(20));
                 other.insert(&order_of(&shop, id)).unwrap();

@@ -45,7 +45,7 @@ fn the_derive_declares_type_and_roles() {
 
 #[test]
 fn derived_facts_save_load_and_query() {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let shop = store
         .save(&Shop {
             name: "corner".into(),

@@ -309,7 +309,7 @@ proptest! {
     fn queries_match_the_naive_evaluator(seed in any::<u64>(), with_given in any::<bool>()) {
         let mut rng = fastrand::Rng::with_seed(seed);
         let facts = graph(&mut rng);
-        let mut store = Store::open_in_memory().unwrap();
+        let store = Store::open_in_memory().unwrap();
         store.insert_batch(facts.clone()).unwrap();
         let released = release_order(&store);
         let naive = Naive::new(&released);
@@ -338,7 +338,7 @@ proptest! {
         let roots: Vec<Fact> = facts.iter().filter(|f| f.type_name() == "A").cloned().collect();
         let givens = Givens::from([("a".to_string(), roots[rng.usize(0..roots.len())].hash())]);
         rng.shuffle(&mut facts);
-        let mut store = Store::open_in_memory().unwrap();
+        let store = Store::open_in_memory().unwrap();
         let start = rng.usize(0..=facts.len());
         store.insert_batch(facts[..start].to_vec()).unwrap();
         let mut watch = store.watch(&q, &givens).unwrap();
@@ -371,7 +371,7 @@ proptest! {
 
 #[test]
 fn a_watch_sees_an_order_arrive_and_leave_when_shipped() {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let shop = shop("corner");
     let q = Query::parse(
         "given s: Shop match o: Shop.Order where o->shop = s
@@ -404,7 +404,7 @@ fn a_watch_sees_an_order_arrive_and_leave_when_shipped() {
 /// after the last one kept. Each result carries its `order by` values.
 #[test]
 fn a_limited_watch_keeps_the_first_results() {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let shop = shop("corner");
     let order = |total: i64| order(&shop, "total", total);
     let ship = shipment;
@@ -467,7 +467,7 @@ fn a_limited_watch_keeps_the_first_results() {
 /// would tie 2^53 and 2^53 + 1 and keep the older result).
 #[test]
 fn a_limited_watch_orders_large_integers_exactly() {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let shop = shop("corner");
     let order = |total: i64| order(&shop, "total", total);
     let big = 1i64 << 53;
@@ -493,7 +493,7 @@ fn a_limited_watch_orders_large_integers_exactly() {
 /// new value and the same key; other results are left alone.
 #[test]
 fn a_watch_updates_a_result_whose_child_collection_changed() {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let shop = shop("corner");
     let order = |id: i64| order(&shop, "id", id);
     let (o1, o2) = (order(1), order(2));
@@ -533,7 +533,7 @@ fn a_watch_updates_a_result_whose_child_collection_changed() {
 /// most of a poll's cost when one fact arrives).
 #[test]
 fn polls_prepare_no_statement_again() {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let shop = shop("corner");
     store.insert(&shop).unwrap();
     let q = Query::parse(
@@ -561,7 +561,7 @@ fn polls_prepare_no_statement_again() {
 fn a_watch_sees_facts_written_by_another_process_within_its_interval() {
     let db = Db::new();
     let shop = shop("corner");
-    let mut writer = db.store();
+    let writer = db.store();
     writer.insert(&shop).unwrap();
     let reader = db.store();
     let q =

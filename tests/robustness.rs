@@ -322,7 +322,7 @@ fn json_not_utf8() {
 
 #[test]
 fn missing_ancestors() {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let absent = FactHash([7; 32]);
     let orphan = fact("Orphan", 1, &[absent]);
     assert!(store.insert(&orphan).unwrap().is_held());
@@ -415,7 +415,7 @@ impl FactType for Shop {
 
 #[test]
 fn typed_load_of_another_type() {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let other = fact("Warehouse", 1, &[]);
     store.insert(&other).unwrap();
     let err = store.load(Ref::<Shop>::new(other.hash())).unwrap_err();

@@ -162,7 +162,7 @@ impl Sim {
         let nodes = (0..nodes)
             .map(|i| {
                 let path = dir.path().join(format!("node-{i}.db"));
-                let mut store = open(&path, &clock);
+                let store = open(&path, &clock);
                 store.declare_queue(&queue_spec()).unwrap();
                 Node {
                     path,

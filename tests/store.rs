@@ -12,7 +12,7 @@ use proptest::prelude::*;
 
 #[test]
 fn same_fact_twice_is_one_fact() {
-    let mut s = Store::open_in_memory().unwrap();
+    let s = Store::open_in_memory().unwrap();
     let f = fact("A", 1, &[]);
     let first = s.insert(&f).unwrap();
     assert!(matches!(
@@ -31,7 +31,7 @@ fn same_fact_twice_is_one_fact() {
 
 #[test]
 fn a_child_is_held_until_its_parent_arrives_and_the_release_cascades() {
-    let mut s = Store::open_in_memory().unwrap();
+    let s = Store::open_in_memory().unwrap();
     let facts = chain(4);
     for f in facts[1..].iter().rev() {
         assert!(s.insert(f).unwrap().is_held());
@@ -61,7 +61,7 @@ fn a_child_is_held_until_its_parent_arrives_and_the_release_cascades() {
 
 #[test]
 fn a_fact_with_two_missing_parents_waits_for_both() {
-    let mut s = Store::open_in_memory().unwrap();
+    let s = Store::open_in_memory().unwrap();
     let (a, b) = (fact("A", 1, &[]), fact("B", 2, &[]));
     let c = fact("C", 3, &[a.hash(), b.hash()]);
     assert_eq!(
@@ -86,17 +86,17 @@ fn held_facts_survive_a_restart_and_release_later() {
     let db = Db::new();
     let facts = chain(5);
     {
-        let mut s = db.store();
+        let s = db.store();
         let report = s.insert_batch(facts[2..].to_vec()).unwrap();
         assert_eq!(report.held, 3);
         assert_eq!(report.released, 0);
     }
     {
-        let mut s = db.store();
+        let s = db.store();
         assert_eq!(s.stats().unwrap().held, 3);
         s.insert(&facts[1]).unwrap();
     }
-    let mut s = db.store();
+    let s = db.store();
     assert_eq!(s.stats().unwrap().held, 4);
     assert_eq!(s.insert(&facts[0]).unwrap().released(), 5);
     drop(s);
@@ -113,14 +113,14 @@ fn reversed_and_shuffled_batches_release_everything() {
     let facts = chain(300);
     let mut reversed = facts.clone();
     reversed.reverse();
-    let mut s = Store::open_in_memory().unwrap();
+    let s = Store::open_in_memory().unwrap();
     let r = s.insert_batch(reversed).unwrap();
     assert_eq!((r.inserted, r.held, r.released), (300, 0, 300));
 
     let mut shuffled = facts.clone();
     shuffled.extend(facts[..50].iter().cloned());
     shuffled.shuffle(&mut rand::rng());
-    let mut s2 = Store::open_in_memory().unwrap();
+    let s2 = Store::open_in_memory().unwrap();
     let mut total = precedent::BatchReport::default();
     for chunk in shuffled.chunks(37) {
         total.merge(s2.insert_batch(chunk.to_vec()).unwrap());
@@ -137,7 +137,7 @@ fn the_held_bound_refuses_new_held_facts_and_keeps_the_rest() {
         max_held: 2,
         ..StoreOptions::default()
     };
-    let mut s = Store::open_in_memory_with(opts).unwrap();
+    let s = Store::open_in_memory_with(opts).unwrap();
     let facts = chain(5);
     assert!(s.insert(&facts[4]).unwrap().is_held());
     assert!(s.insert(&facts[3]).unwrap().is_held());
@@ -159,7 +159,7 @@ fn the_held_bound_refuses_new_held_facts_and_keeps_the_rest() {
 
 #[test]
 fn a_failed_write_leaves_nothing_behind() {
-    let mut s = Store::open_in_memory().unwrap();
+    let s = Store::open_in_memory().unwrap();
     let a = fact("NewType", 1, &[]);
     let r: Result<(), Error> = s.write(|w| {
         w.insert(&a)?;
@@ -180,7 +180,7 @@ fn a_failed_write_leaves_nothing_behind() {
 
 #[test]
 fn reads_follow_edges_by_role_and_type() {
-    let mut s = Store::open_in_memory().unwrap();
+    let s = Store::open_in_memory().unwrap();
     let shop = shop("corner");
     let order = order(&shop, "id", 1);
     let other = Fact::builder("Review")
@@ -243,7 +243,7 @@ fn a_long_cascade_with_fan_in_releases_everything_once() {
         };
         facts.push(fact("Braid", i as i64, &preds));
     }
-    let mut s = Store::open_in_memory().unwrap();
+    let s = Store::open_in_memory().unwrap();
     // Children first, in batches: each batch is held behind itself and the next one.
     let mut held = 0;
     for batch in facts[1..].chunks(7_000).rev() {
@@ -301,7 +301,7 @@ fn held_facts_of_a_version_3_database_release_after_migration() {
         )
         .unwrap();
     }
-    let mut s = db.store();
+    let s = db.store();
     assert_eq!(s.stats().unwrap().held, 4);
     assert!(s.verify(|_| {}).unwrap().is_clean());
     assert_eq!(s.insert(&facts[0]).unwrap().released(), 5);
@@ -312,7 +312,7 @@ fn held_facts_of_a_version_3_database_release_after_migration() {
 
 #[test]
 fn ancestors_of_a_chain_of_100_000_facts() {
-    let mut s = Store::open_in_memory().unwrap();
+    let s = Store::open_in_memory().unwrap();
     let facts = chain(100_000);
     let last = facts.last().unwrap().hash();
     let first = facts[0].hash();
@@ -326,7 +326,7 @@ fn ancestors_of_a_chain_of_100_000_facts() {
 #[test]
 fn prefixes_resolve_when_unique_and_fail_clearly_otherwise() {
     let db = Db::new();
-    let mut s = db.store();
+    let s = db.store();
     let f = fact("A", 1, &[]);
     s.insert(&f).unwrap();
     let h = f.hash().to_string();
@@ -373,7 +373,7 @@ fn a_database_from_a_newer_version_is_refused() {
 fn verify_finds_damaged_rows() {
     let db = Db::new();
     let facts = chain(3);
-    let mut s = Store::open_with(
+    let s = Store::open_with(
         &db.path,
         StoreOptions {
             durability: Durability::Normal,
@@ -434,7 +434,7 @@ fn verify_finds_damaged_rows() {
 #[test]
 fn verify_finds_an_edge_whose_types_are_not_its_facts_types() {
     let db = Db::new();
-    let mut s = db.store();
+    let s = db.store();
     let shop = shop("corner");
     let order = order(&shop, "id", 1);
     let ship = shipment(&order);
@@ -521,7 +521,7 @@ fn a_version_3_database_gains_edge_types_when_opened() {
         )
         .unwrap();
     }
-    let mut s = db.store();
+    let s = db.store();
     assert!(s.verify(|_| {}).unwrap().is_clean());
     let raw = db.raw();
     let edges: Vec<(i64, i64, i64, i64, i64)> = raw
@@ -638,7 +638,7 @@ proptest! {
 
 #[test]
 fn a_batch_with_held_facts_and_their_missing_parent_releases_each_once() {
-    let mut s = Store::open_in_memory().unwrap();
+    let s = Store::open_in_memory().unwrap();
     let facts = chain(4);
     s.insert_batch(vec![facts[2].clone(), facts[3].clone()])
         .unwrap();

@@ -24,7 +24,7 @@ fn two_nodes_converge_both_ways() {
     let a = Node::new();
     let b = Node::new();
     let shared = chain(50);
-    let mut sa = a.store();
+    let sa = a.store();
     sa.insert_batch(shared.clone()).unwrap();
     sa.insert_batch(tree("A", &shared[49], 300)).unwrap();
     let mut sb = b.store();
@@ -133,7 +133,7 @@ fn three_nodes_in_a_line_converge() {
     let nodes = [Node::new(), Node::new(), Node::new()];
     for (i, n) in nodes.iter().enumerate() {
         let root = fact("Root", i as i64, &[]);
-        let mut s = n.store();
+        let s = n.store();
         s.insert(&root).unwrap();
         s.insert_batch(tree(&format!("N{i}"), &root, 150)).unwrap();
     }
@@ -178,7 +178,7 @@ fn scoped_sync_takes_the_slice_below_its_roots_and_their_ancestors() {
     let shop1 = fact("Shop", 1, &[world.hash()]);
     let shop2 = fact("Shop", 2, &[world.hash()]);
     let other = fact("Other", 3, &[]);
-    let mut sa = a.store();
+    let sa = a.store();
     sa.insert_batch(vec![
         world.clone(),
         shop1.clone(),

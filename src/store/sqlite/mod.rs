@@ -45,6 +45,33 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/006_store_identity.sql"),
 ];
 
+/// Brings a `held` set written before `001_initial.sql` gained row ids (databases of
+/// versions 1 and 2, and 3 as first released: `held` keyed by hash, `held_wait.waiter` a
+/// hash) to the layout migration 4 starts from: rows numbered in the order they were
+/// held, waiters by row id.
+const HELD_ROW_IDS: &str = "
+    CREATE TABLE held_ids (
+        id      INTEGER PRIMARY KEY,
+        hash    BLOB NOT NULL UNIQUE,
+        bytes   BLOB NOT NULL,
+        missing INTEGER NOT NULL CHECK (missing > 0),
+        held_at INTEGER NOT NULL
+    );
+    INSERT INTO held_ids (hash, bytes, missing, held_at)
+        SELECT hash, bytes, missing, held_at FROM held ORDER BY held_at, hash;
+    CREATE TABLE held_wait_ids (
+        missing BLOB NOT NULL,
+        waiter  INTEGER NOT NULL,
+        PRIMARY KEY (missing, waiter)
+    ) WITHOUT ROWID;
+    INSERT INTO held_wait_ids (missing, waiter)
+        SELECT w.missing, h.id FROM held_wait w JOIN held_ids h ON h.hash = w.waiter;
+    DROP TABLE held_wait;
+    DROP TABLE held;
+    ALTER TABLE held_ids RENAME TO held;
+    ALTER TABLE held_wait_ids RENAME TO held_wait;
+";
+
 /// The schema version this binary writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
@@ -297,6 +324,12 @@ impl Drop for SqliteBackend {
     }
 }
 
+fn has_column(conn: &Connection, table: &str, column: &str) -> Result<bool> {
+    Ok(conn
+        .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
+        .exists([table, column])?)
+}
+
 /// Applies the migrations the database lacks; refuses a database newer than the binary.
 fn migrate(conn: &Connection) -> Result<()> {
     let found: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
@@ -314,6 +347,10 @@ fn migrate(conn: &Connection) -> Result<()> {
         // Re-read under the write lock: another process may have migrated meanwhile.
         let now: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(now as usize) {
+            // Migration 4 (index 3) copies `held.id`, which early databases lack.
+            if i == 3 && !has_column(conn, "held", "id")? {
+                conn.execute_batch(HELD_ROW_IDS)?;
+            }
             conn.execute_batch(sql)?;
             conn.pragma_update(None, "user_version", i as u32 + 1)?;
         }
