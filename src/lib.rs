@@ -41,6 +41,7 @@
 //! - [`sync`]: replication between nodes over HTTP: wire format, server, client.
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod clock;
 pub mod dag;
