@@ -395,15 +395,16 @@ mod tests {
     }
 
     /// serde_json's `arbitrary_precision` feature (which this crate once turned on) makes
-    /// serde_json hand numbers to serde as a private map, so that an untagged enum with a
-    /// numeric variant no longer deserialises inside a flattened map. Cargo unifies
+    /// serde_json hand a float to serde as a private map, so that an untagged enum with a
+    /// float variant no longer deserialises inside a flattened map (integers that fit a
+    /// u64 still do, so the number here is a float). Cargo unifies
     /// features across the build, so this fails if any crate in it turns the feature on.
     #[test]
     fn serde_json_reads_untagged_numbers_in_flattened_maps() {
         #[derive(serde::Deserialize, Debug, PartialEq)]
         #[serde(untagged)]
         enum Setting {
-            Number(u64),
+            Number(f64),
             Text(String),
         }
         #[derive(serde::Deserialize, Debug)]
@@ -412,10 +413,10 @@ mod tests {
             #[serde(flatten)]
             rest: std::collections::BTreeMap<String, Setting>,
         }
-        let c: Config = serde_json::from_str(r#"{"name":"n","retries":3,"mode":"fast"}"#)
+        let c: Config = serde_json::from_str(r#"{"name":"n","ratio":1.5,"mode":"fast"}"#)
             .expect("an untagged number inside a flattened map deserialises");
         assert_eq!(c.name, "n");
-        assert_eq!(c.rest["retries"], Setting::Number(3));
+        assert_eq!(c.rest["ratio"], Setting::Number(1.5));
         assert_eq!(c.rest["mode"], Setting::Text("fast".into()));
     }
 }
