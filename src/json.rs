@@ -19,7 +19,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::{Map, Number, Value as Json};
+mod de;
+mod value;
+
+pub use value::{JsonNumber, JsonValue};
 
 use crate::error::{Error, Result};
 use crate::fact::{Fact, Fields, Predecessors, Value, limits};
@@ -64,7 +67,7 @@ fn err(path: &str, reason: impl std::fmt::Display) -> Error {
 /// # Errors
 /// [`Error::Json`] naming the JSON path of the first problem.
 pub fn parse(text: &str) -> Result<FactSpec> {
-    let json: Json = serde_json::from_str(text).map_err(|e| err("", e))?;
+    let json = JsonValue::parse(text).map_err(|e| err("", e))?;
     spec_from_json(&json, "")
 }
 
@@ -72,7 +75,7 @@ pub fn parse(text: &str) -> Result<FactSpec> {
 ///
 /// # Errors
 /// [`Error::Json`] naming the JSON path of the first problem.
-pub fn spec_from_json(json: &Json, path: &str) -> Result<FactSpec> {
+pub fn spec_from_json(json: &JsonValue, path: &str) -> Result<FactSpec> {
     let obj = json
         .as_object()
         .ok_or_else(|| err(path, "a fact must be a JSON object"))?;
@@ -118,7 +121,7 @@ fn join(path: &str, key: &str) -> String {
     }
 }
 
-fn fields_from_json(v: &Json, path: &str) -> Result<Fields> {
+fn fields_from_json(v: &JsonValue, path: &str) -> Result<Fields> {
     let obj = v
         .as_object()
         .ok_or_else(|| err(path, "must be an object"))?;
@@ -127,7 +130,7 @@ fn fields_from_json(v: &Json, path: &str) -> Result<Fields> {
         .collect()
 }
 
-fn preds_from_json(v: &Json, path: &str) -> Result<BTreeMap<String, Vec<PredSpec>>> {
+fn preds_from_json(v: &JsonValue, path: &str) -> Result<BTreeMap<String, Vec<PredSpec>>> {
     let obj = v
         .as_object()
         .ok_or_else(|| err(path, "must be an object"))?;
@@ -135,7 +138,7 @@ fn preds_from_json(v: &Json, path: &str) -> Result<BTreeMap<String, Vec<PredSpec
     for (role, v) in obj {
         let here = join(path, role);
         let list = match v {
-            Json::Array(items) => items
+            JsonValue::Array(items) => items
                 .iter()
                 .enumerate()
                 .map(|(i, item)| pred_from_json(item, &format!("{here}[{i}]")))
@@ -147,16 +150,16 @@ fn preds_from_json(v: &Json, path: &str) -> Result<BTreeMap<String, Vec<PredSpec
     Ok(out)
 }
 
-fn pred_from_json(v: &Json, path: &str) -> Result<PredSpec> {
+fn pred_from_json(v: &JsonValue, path: &str) -> Result<PredSpec> {
     match v {
-        Json::String(s) => {
+        JsonValue::String(s) => {
             let p = HashPrefix::parse(s).map_err(|e| err(path, e))?;
             Ok(match p.full() {
                 Some(h) => PredSpec::Hash(h),
                 None => PredSpec::Prefix(p),
             })
         }
-        Json::Object(_) => Ok(PredSpec::Inline(Box::new(spec_from_json(v, path)?))),
+        JsonValue::Object(_) => Ok(PredSpec::Inline(Box::new(spec_from_json(v, path)?))),
         _ => Err(err(
             path,
             "a predecessor is a hash, a hash prefix or an inline fact object",
@@ -166,13 +169,13 @@ fn pred_from_json(v: &Json, path: &str) -> Result<PredSpec> {
 
 /// Converts a JSON value into a field value. `depth` is the nesting level of `v` (the
 /// fields map is level 1), so that over-deep input is refused before recursing further.
-fn value_from_json(v: &Json, path: &str, depth: usize) -> Result<Value> {
+fn value_from_json(v: &JsonValue, path: &str, depth: usize) -> Result<Value> {
     Ok(match v {
-        Json::Null => Value::Null,
-        Json::Bool(b) => Value::Bool(*b),
-        Json::Number(n) => number_from_json(n, path)?,
-        Json::String(s) => Value::Text(s.clone()),
-        Json::Array(items) => {
+        JsonValue::Null => Value::Null,
+        JsonValue::Bool(b) => Value::Bool(*b),
+        JsonValue::Number(n) => number_from_json(n, path)?,
+        JsonValue::String(s) => Value::Text(s.clone()),
+        JsonValue::Array(items) => {
             check_depth(depth, path)?;
             Value::Array(
                 items
@@ -183,7 +186,7 @@ fn value_from_json(v: &Json, path: &str, depth: usize) -> Result<Value> {
             )
         }
         // `$bytes` and `$float` stand for scalars, so only maps count as a nesting level.
-        Json::Object(obj) => match special_form(obj) {
+        JsonValue::Object(obj) => match special_form(obj) {
             Some((key, inner)) => special_from_json(key, inner, path, depth)?,
             None => {
                 check_depth(depth, path)?;
@@ -204,7 +207,7 @@ fn check_depth(depth: usize, path: &str) -> Result<()> {
 }
 
 fn map_from_json(
-    obj: &Map<String, Json>,
+    obj: &[(String, JsonValue)],
     path: &str,
     depth: usize,
 ) -> Result<BTreeMap<String, Value>> {
@@ -214,15 +217,14 @@ fn map_from_json(
 }
 
 /// An object with exactly one key starting with `$` is a special form.
-fn special_form(obj: &Map<String, Json>) -> Option<(&str, &Json)> {
-    if obj.len() != 1 {
-        return None;
+fn special_form(obj: &[(String, JsonValue)]) -> Option<(&str, &JsonValue)> {
+    match obj {
+        [(k, v)] if k.starts_with('$') => Some((k.as_str(), v)),
+        _ => None,
     }
-    let (k, v) = obj.iter().next()?;
-    k.starts_with('$').then_some((k.as_str(), v))
 }
 
-fn special_from_json(key: &str, inner: &Json, path: &str, depth: usize) -> Result<Value> {
+fn special_from_json(key: &str, inner: &JsonValue, path: &str, depth: usize) -> Result<Value> {
     let here = join(path, key);
     match key {
         "$bytes" => {
@@ -255,9 +257,9 @@ fn special_from_json(key: &str, inner: &Json, path: &str, depth: usize) -> Resul
     }
 }
 
-fn number_from_json(n: &Number, path: &str) -> Result<Value> {
+fn number_from_json(n: &JsonNumber, path: &str) -> Result<Value> {
     let text = n.as_str();
-    if text.contains(['.', 'e', 'E']) {
+    if n.is_float() {
         let f: f64 = text
             .parse()
             .map_err(|_| err(path, format!("bad float {text}")))?;
@@ -352,79 +354,70 @@ pub fn parse_standalone(text: &str) -> Result<Vec<Fact>> {
     })
 }
 
-/// The JSON form of a fact, with its `"hash"`.
-pub fn to_json(fact: &Fact) -> Json {
-    let mut obj = Map::new();
-    obj.insert("hash".into(), Json::String(fact.hash().to_string()));
-    obj.insert("type".into(), Json::String(fact.type_name().to_string()));
-    obj.insert(
-        "fields".into(),
-        Json::Object(
-            fact.fields()
-                .iter()
-                .map(|(k, v)| (k.clone(), value_to_json(v)))
-                .collect(),
-        ),
-    );
+/// The JSON form of a fact, with its `"hash"`. Keys come in a fixed order: `hash`,
+/// `type`, `fields`, `predecessors`; fields, roles and maps sorted by key.
+pub fn to_json(fact: &Fact) -> JsonValue {
+    let fields = fact
+        .fields()
+        .iter()
+        .map(|(k, v)| (k.clone(), value_to_json(v)))
+        .collect();
     let preds = fact
         .predecessors()
         .iter()
         .map(|(role, set)| {
             let v = match set.len() {
-                1 => Json::String(set.iter().next().unwrap().to_string()),
-                _ => Json::Array(set.iter().map(|h| Json::String(h.to_string())).collect()),
+                1 => JsonValue::String(set.iter().next().unwrap().to_string()),
+                _ => JsonValue::Array(
+                    set.iter()
+                        .map(|h| JsonValue::String(h.to_string()))
+                        .collect(),
+                ),
             };
             (role.clone(), v)
         })
         .collect();
-    obj.insert("predecessors".into(), Json::Object(preds));
-    Json::Object(obj)
+    JsonValue::Object(vec![
+        ("hash".into(), fact.hash().to_string().into()),
+        ("type".into(), fact.type_name().into()),
+        ("fields".into(), JsonValue::Object(fields)),
+        ("predecessors".into(), JsonValue::Object(preds)),
+    ])
 }
 
-/// The JSON form of one value.
-pub fn value_to_json(v: &Value) -> Json {
+/// The JSON form of one value; a map's keys sorted.
+pub fn value_to_json(v: &Value) -> JsonValue {
     match v {
-        Value::Null => Json::Null,
-        Value::Bool(b) => Json::Bool(*b),
-        Value::Integer(i) => Json::Number(
-            serde_json::from_str::<Number>(&i.to_string()).expect("integer text is a number"),
-        ),
-        Value::Float(f) if f.is_infinite() => {
-            let s = if *f > 0.0 { "Infinity" } else { "-Infinity" };
-            single("$float", Json::String(s.into()))
-        }
-        Value::Float(f) => Json::Number(float_number(*f)),
-        Value::Text(s) => Json::String(s.clone()),
-        Value::Bytes(b) => single("$bytes", Json::String(hex::encode(b))),
-        Value::Array(items) => Json::Array(items.iter().map(value_to_json).collect()),
+        Value::Null => JsonValue::Null,
+        Value::Bool(b) => JsonValue::Bool(*b),
+        Value::Integer(i) => JsonValue::Number(JsonNumber::from(*i)),
+        Value::Float(f) => match JsonNumber::from_f64(*f) {
+            Some(n) => JsonValue::Number(n),
+            // NaN never gets into a fact; what is left is the infinities.
+            None => {
+                let s = if *f > 0.0 { "Infinity" } else { "-Infinity" };
+                single("$float", s.into())
+            }
+        },
+        Value::Text(s) => JsonValue::String(s.clone()),
+        Value::Bytes(b) => single("$bytes", hex::encode(b).into()),
+        Value::Array(items) => JsonValue::Array(items.iter().map(value_to_json).collect()),
         Value::Map(m) => {
-            let obj: Map<String, Json> = m
+            let obj: Vec<(String, JsonValue)> = m
                 .iter()
                 .map(|(k, v)| (k.clone(), value_to_json(v)))
                 .collect();
             if special_form(&obj).is_some() {
-                single("$map", Json::Object(obj))
+                single("$map", JsonValue::Object(obj))
             } else {
-                Json::Object(obj)
+                JsonValue::Object(obj)
             }
         }
     }
 }
 
-/// A finite float as a JSON number that always reads back as a float: the shortest text
-/// that round-trips, with `.0` added when it would otherwise look like an integer.
-fn float_number(f: f64) -> Number {
-    let mut s = format!("{f:?}");
-    if !s.contains(['.', 'e', 'E']) {
-        s.push_str(".0");
-    }
-    serde_json::from_str(&s).expect("float text is a number")
-}
-
-fn single(key: &str, v: Json) -> Json {
-    let mut obj = Map::new();
-    obj.insert(key.into(), v);
-    Json::Object(obj)
+fn single(key: &str, v: JsonValue) -> JsonValue {
+    JsonValue::Object(vec![(key.to_string(), v)])
 }
 
 #[cfg(test)]
@@ -515,7 +508,7 @@ mod tests {
         assert_eq!(facts[0].type_name(), "Store");
         assert!(facts[1].predecessor_hashes().contains(&facts[0].hash()));
         let mut json = to_json(&facts[1]);
-        json["hash"] = Json::String(facts[0].hash().to_string());
+        json.insert("hash", facts[0].hash().to_string());
         let r = parse_standalone(&json.to_string());
         assert!(matches!(r, Err(Error::HashMismatch { .. })));
     }

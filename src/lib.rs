@@ -72,6 +72,7 @@
 //!   bookmarks and peers kept in the store.
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod clock;
 pub mod dag;

@@ -217,7 +217,7 @@ fn import_stores_valid_lines_and_names_the_invalid_ones() {
     let db = Db::new();
     let facts = tree(2);
     let mut mismatched = json::to_json(&facts[1]);
-    mismatched["hash"] = Json::String(facts[0].hash().to_string());
+    mismatched.insert("hash", facts[0].hash().to_string());
     let lines = [
         json::to_json(&facts[0]).to_string(), // 1
         r#"{"type":"T","fields":{"x":{"$float":"NaN"}}}"#.to_string(), // 2

@@ -3,6 +3,7 @@
 use std::io::{self, Read, Write};
 
 use anyhow::Context;
+use precedent::json::JsonValue;
 use precedent::store::SCHEMA_VERSION;
 use precedent::{Error, Fact, FactHash, InsertOutcome, json};
 use serde_json::{Map, Value as Json, json};
@@ -146,13 +147,21 @@ pub fn get(g: &Global, text: &str, cbor: bool) -> anyhow::Result<Status> {
         }
     };
     if g.json {
-        let status = match stored.seq {
-            Some(seq) => json!({"status": "released", "seq": seq}),
-            None => json!({"status": "held", "missing": hash_list(&missing)}),
-        };
-        let mut obj = status.as_object().cloned().unwrap_or_default();
-        obj.insert("fact".into(), json::to_json(fact));
-        writeln!(out, "{}", Json::Object(obj))?;
+        // Built as the JSON form's own tree: serde_json's `Value` cannot hold every
+        // integer a fact may carry.
+        let mut obj = JsonValue::object();
+        match stored.seq {
+            Some(seq) => {
+                obj.insert("status", "released");
+                obj.insert("seq", seq);
+            }
+            None => {
+                obj.insert("status", "held");
+                obj.insert("missing", hash_list(&missing));
+            }
+        }
+        obj.insert("fact", json::to_json(fact));
+        writeln!(out, "{obj}")?;
     } else {
         writeln!(
             out,

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use precedent::json::JsonValue;
 use precedent::query::{Change, Givens, Projected, Query, QueryRow};
 use precedent::{Error, Store};
-use serde_json::{Value as Json, json};
+use serde_json::json;
 
 use super::{Failure, Global, Status, exit};
 
@@ -144,8 +145,15 @@ pub fn watch(g: &Global, args: WatchArgs) -> anyhow::Result<Status> {
     }
 }
 
-fn event(change: &str, at: usize, row: &QueryRow) -> Json {
-    json!({"change": change, "at": at, "key": row.key, "result": row.value.to_json()})
+/// One line of `watch`, built as the JSON form's own tree: serde_json's `Value` cannot
+/// hold every integer a result may carry.
+fn event(change: &str, at: usize, row: &QueryRow) -> JsonValue {
+    JsonValue::Object(vec![
+        ("change".into(), change.into()),
+        ("at".into(), json!(at).into()),
+        ("key".into(), json!(row.key).into()),
+        ("result".into(), row.value.to_json()),
+    ])
 }
 
 /// A cell for people: facts and hashes shortened, values as JSON.

@@ -5,6 +5,7 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
+use precedent::json::JsonValue;
 use precedent::queue::{
     Alerts, Completion, FieldKind, FieldRequirement, ItemInfo, ItemState, Ordering, QueueSpec,
     QueueStats, RetryPolicy, Semantics,
@@ -638,14 +639,22 @@ fn show_entry(g: &Global, store: &Store, info: &ItemInfo) -> anyhow::Result<()> 
         Some(h) => store.get(h)?,
         None => None,
     };
-    let out = json!({
-        "input": json::to_json(&input),
-        "entry": entry.as_ref().map(json::to_json),
-        "attempts": info.attempts,
-        "reason": info.last_error,
-        "first_attempt_at": info.first_attempt_at_ms,
-        "entry_at": entry.as_ref().and_then(|e| e.field("dead_at").or_else(|| e.field("at"))).map(json::value_to_json),
-    });
+    // The JSON form's own tree, as serde_json's `Value` cannot hold every integer a fact
+    // may carry.
+    let entry_at = entry
+        .as_ref()
+        .and_then(|e| e.field("dead_at").or_else(|| e.field("at")));
+    let out = JsonValue::Object(vec![
+        ("input".into(), json::to_json(&input)),
+        ("entry".into(), entry.as_ref().map(json::to_json).into()),
+        ("attempts".into(), json!(info.attempts).into()),
+        ("reason".into(), json!(info.last_error).into()),
+        (
+            "first_attempt_at".into(),
+            json!(info.first_attempt_at_ms).into(),
+        ),
+        ("entry_at".into(), entry_at.map(json::value_to_json).into()),
+    ]);
     if g.json {
         say!("{out}");
     } else {

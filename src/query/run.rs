@@ -3,8 +3,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde_json::{Map, Value as Json};
-
 use super::QueryError;
 use super::model::*;
 use super::sql::{self, After, Bind, Node, Param, Plan, Shape};
@@ -12,6 +10,7 @@ use super::value::{Number, SortKey, sort_key};
 use crate::error::Result;
 use crate::fact::{Fact, Value};
 use crate::hash::FactHash;
+use crate::json::JsonValue;
 use crate::store::{Arg, ReadTx, Row, SqlValue as Sql, Store, ValueRef};
 
 /// The facts a query starts from: given label to hash.
@@ -37,20 +36,22 @@ pub enum Projected {
 impl Projected {
     /// The JSON form: a fact as `json::to_json`, a hash as hex text, a missing field as
     /// null, a record as an object, a collection as an array.
-    pub fn to_json(&self) -> Json {
+    pub fn to_json(&self) -> JsonValue {
         match self {
             Projected::Fact(f) => crate::json::to_json(f),
-            Projected::Hash(h) => Json::String(h.to_string()),
-            Projected::Seq(s) => Json::from(*s),
-            Projected::Field(v) => v.as_ref().map_or(Json::Null, crate::json::value_to_json),
-            Projected::Record(items) => Json::Object(
+            Projected::Hash(h) => JsonValue::String(h.to_string()),
+            Projected::Seq(s) => JsonValue::from(*s),
+            Projected::Field(v) => v
+                .as_ref()
+                .map_or(JsonValue::Null, crate::json::value_to_json),
+            Projected::Record(items) => JsonValue::Object(
                 items
                     .iter()
                     .map(|(k, v)| (k.clone(), v.to_json()))
-                    .collect::<Map<_, _>>(),
+                    .collect(),
             ),
             Projected::Collection(items) => {
-                Json::Array(items.iter().map(|p| p.to_json()).collect())
+                JsonValue::Array(items.iter().map(|p| p.to_json()).collect())
             }
         }
     }

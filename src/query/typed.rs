@@ -69,13 +69,13 @@ use std::marker::PhantomData;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use serde_json::{Map, Value as Json, json};
 
 use super::run::Givens;
 use super::{Projected, Query};
 use crate::error::{Error, Result};
 use crate::fact::{Fact, Predecessors};
 use crate::hash::FactHash;
+use crate::json::JsonValue;
 use crate::store::{Store, Writer};
 
 /// How many facts a predecessor role of a typed fact holds.
@@ -171,7 +171,7 @@ fn bad<T: FactType>(reason: impl fmt::Display) -> Error {
     }
 }
 
-fn hash_of<T: FactType>(v: &Json) -> Result<FactHash> {
+fn hash_of<T: FactType>(v: &JsonValue) -> Result<FactHash> {
     v.as_str()
         .and_then(|s| s.parse::<FactHash>().ok())
         .ok_or_else(|| bad::<T>("a predecessor role must serialise as a 64-digit hash"))
@@ -183,12 +183,15 @@ fn hash_of<T: FactType>(v: &Json) -> Result<FactHash> {
 /// [`Error::InvalidFact`] if the value does not serialise to an object with its roles as
 /// hashes (a role of [`Arity::One`] present), or breaks the fact model.
 pub fn to_fact<T: FactType>(value: &T) -> Result<Fact> {
-    let Json::Object(mut obj) = serde_json::to_value(value).map_err(bad::<T>)? else {
+    // Through JSON text rather than serde_json's `Value`, which cannot hold integers
+    // below i64::MIN: an i128 field keeps its whole range.
+    let mut obj = JsonValue::of(value).map_err(bad::<T>)?;
+    if obj.as_object().is_none() {
         return Err(bad::<T>("a typed fact must serialise as an object"));
-    };
+    }
     let mut preds = Predecessors::new();
     for (role, arity) in T::PREDECESSORS {
-        let set: BTreeSet<FactHash> = match obj.remove(*role) {
+        let set: BTreeSet<FactHash> = match obj.remove(role) {
             // A role serialised under another name would otherwise be stored as a text
             // field, with no edge.
             None if *arity == Arity::One => {
@@ -197,13 +200,19 @@ pub fn to_fact<T: FactType>(value: &T) -> Result<Fact> {
                      the same #[fact(role = ..)])"
                 )));
             }
-            None | Some(Json::Null) => BTreeSet::new(),
-            Some(Json::Array(items)) => items.iter().map(hash_of::<T>).collect::<Result<_>>()?,
+            None | Some(JsonValue::Null) => BTreeSet::new(),
+            Some(JsonValue::Array(items)) => {
+                items.iter().map(hash_of::<T>).collect::<Result<_>>()?
+            }
             Some(v) => BTreeSet::from([hash_of::<T>(&v)?]),
         };
         preds.insert(role.to_string(), set);
     }
-    let spec = crate::json::spec_from_json(&json!({"type": T::TYPE, "fields": obj}), "")?;
+    let json = JsonValue::Object(vec![
+        ("type".into(), T::TYPE.into()),
+        ("fields".into(), obj),
+    ]);
+    let spec = crate::json::spec_from_json(&json, "")?;
     Fact::new(spec.type_name, spec.fields, preds)
 }
 
@@ -220,31 +229,31 @@ pub fn from_fact<T: FactType>(fact: &Fact) -> Result<T> {
             found: fact.type_name().to_string(),
         });
     }
-    let mut obj = Map::new();
+    let mut obj = JsonValue::object();
     for (name, v) in fact.fields() {
-        obj.insert(name.clone(), crate::json::value_to_json(v));
+        obj.insert(name, crate::json::value_to_json(v));
     }
     for (role, arity) in T::PREDECESSORS {
-        let hashes: Vec<Json> = fact
+        let hashes: Vec<JsonValue> = fact
             .predecessors()
             .get(*role)
             .into_iter()
             .flatten()
-            .map(|h| Json::String(h.to_string()))
+            .map(|h| JsonValue::String(h.to_string()))
             .collect();
         let v = match (arity, hashes.len()) {
-            (Arity::Many, _) => Json::Array(hashes),
+            (Arity::Many, _) => JsonValue::Array(hashes),
             (Arity::One | Arity::Optional, 1) => hashes[0].clone(),
-            (Arity::Optional, 0) => Json::Null,
+            (Arity::Optional, 0) => JsonValue::Null,
             (_, n) => {
                 return Err(bad::<T>(format!(
                     "role {role} holds {n} facts, expected one"
                 )));
             }
         };
-        obj.insert(role.to_string(), v);
+        obj.insert(role, v);
     }
-    serde_json::from_value(Json::Object(obj)).map_err(bad::<T>)
+    T::deserialize(obj).map_err(bad::<T>)
 }
 
 impl Store {

@@ -3,12 +3,12 @@
 //! fit, an error naming the result and the field.
 
 use serde::de::DeserializeOwned;
-use serde_json::Value as Json;
 
 #[cfg(doc)]
 use super::run::Projected;
 use super::run::QueryRow;
 use crate::error::{Error, Result};
+use crate::json::JsonValue;
 
 impl QueryRow {
     /// The result's value deserialised into `T` from its JSON form (the form
@@ -42,7 +42,7 @@ impl QueryRow {
     /// told, the field that did not fit.
     pub fn value_as<T: DeserializeOwned>(&self) -> Result<T> {
         let json = self.value.to_json();
-        serde_json::from_value::<T>(json.clone()).map_err(|e| Error::ResultType {
+        T::deserialize(json.clone()).map_err(|e| Error::ResultType {
             key: self.key.clone(),
             type_name: std::any::type_name::<T>(),
             field: field_at_fault::<T>(&json),
@@ -62,7 +62,7 @@ pub(crate) fn rows_as<T: DeserializeOwned>(rows: &[QueryRow]) -> Result<Vec<T>> 
 /// key per line and parsed as text fails at a line, and the keys opening the objects
 /// around that line, read upward by decreasing indentation, are the path. (A child
 /// collection's element has no key: the path names the collection.)
-fn field_at_fault<T: DeserializeOwned>(json: &Json) -> Option<String> {
+fn field_at_fault<T: DeserializeOwned>(json: &JsonValue) -> Option<String> {
     let text = serde_json::to_string_pretty(json).ok()?;
     let line = serde_json::from_str::<T>(&text).err()?.line();
     let lines: Vec<&str> = text.lines().take(line).collect();
@@ -127,21 +127,30 @@ mod tests {
     #[test]
     fn the_field_at_fault_is_named_by_its_path() {
         let bad_id = json!({"id": "seven", "shop": {"name": "corner"}, "tags": []});
-        assert_eq!(field_at_fault::<View>(&bad_id).as_deref(), Some("id"));
+        assert_eq!(
+            field_at_fault::<View>(&JsonValue::from(bad_id)).as_deref(),
+            Some("id")
+        );
         let bad_name = json!({"id": 7, "shop": {"name": 3}, "tags": []});
         assert_eq!(
-            field_at_fault::<View>(&bad_name).as_deref(),
+            field_at_fault::<View>(&JsonValue::from(bad_name)).as_deref(),
             Some("shop.name")
         );
         let bad_tag = json!({"id": 7, "shop": {"name": "corner"}, "tags": ["a", 1]});
-        assert_eq!(field_at_fault::<View>(&bad_tag).as_deref(), Some("tags"));
+        assert_eq!(
+            field_at_fault::<View>(&JsonValue::from(bad_tag)).as_deref(),
+            Some("tags")
+        );
         let nested_missing = json!({"id": 7, "shop": {}, "tags": []});
         assert_eq!(
-            field_at_fault::<View>(&nested_missing).as_deref(),
+            field_at_fault::<View>(&JsonValue::from(nested_missing)).as_deref(),
             Some("shop")
         );
         // A missing top-level field is named by serde's own message.
-        assert_eq!(field_at_fault::<View>(&json!({"id": 7})), None);
+        assert_eq!(
+            field_at_fault::<View>(&JsonValue::from(json!({"id": 7}))),
+            None
+        );
     }
 
     #[test]

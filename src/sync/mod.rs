@@ -8,6 +8,7 @@
 //! fact tables. The protocol is specified in `docs/protocol.md`.
 //!
 //! ```no_run
+//! # #[cfg(feature = "client")] {
 //! use precedent::Store;
 //! use precedent::sync::client::{Client, ClientOptions, SyncOptions};
 //!
@@ -15,6 +16,7 @@
 //! let client = Client::new("http://127.0.0.1:7341", ClientOptions::default())?;
 //! let report = client.sync(&mut store, &SyncOptions::default(), &mut |_| {})?;
 //! println!("pulled {} facts, pushed {}", report.pulled, report.pushed);
+//! # }
 //! # Ok::<(), precedent::Error>(())
 //! ```
 //!
@@ -26,8 +28,11 @@
 //! - [`client`]: the blocking client and the sync loop with its bookmarks.
 
 pub mod auth;
+#[cfg(feature = "client")]
 pub mod client;
+#[cfg(feature = "server")]
 mod metrics;
+#[cfg(feature = "server")]
 pub mod server;
 mod state;
 pub mod wire;
