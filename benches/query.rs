@@ -71,7 +71,7 @@ fn build(path: &PathBuf, stores: usize, orders: usize) -> Vec<FactHash> {
         durability: Durability::Normal,
         ..StoreOptions::default()
     };
-    let mut store = Store::open_with(path, options).unwrap();
+    let store = Store::open_with(path, options).unwrap();
     let started = Instant::now();
     store.insert_batch(shops.clone()).unwrap();
     let mut chunk = Vec::with_capacity(50_000);
@@ -329,7 +329,7 @@ fn watch_costs(path: &PathBuf, shops: &[FactHash]) -> serde_json::Value {
         for watched in [false, true] {
             let copy = dir.path().join(format!("{mode}-{watched}.db"));
             std::fs::copy(path, &copy).unwrap();
-            let mut store = Store::open(&copy).unwrap();
+            let store = Store::open(&copy).unwrap();
             let g = Givens::from([("s".to_string(), shops[0])]);
             let q = Query::parse(ONE_STORE).unwrap();
             let mut w = watched.then(|| store.watch(&q, &g).unwrap());

@@ -219,7 +219,7 @@ fn main() {
     while fstore.count_and_max_seq().unwrap().0 < n {
         std::thread::sleep(Duration::from_millis(200));
     }
-    let mut src_store = Store::open(&src).unwrap();
+    let src_store = Store::open(&src).unwrap();
     let mut delays = Vec::new();
     for i in 0..rounds * 3 {
         let f = Fact::builder("Bench.Live")

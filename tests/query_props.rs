@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use common::bin::Db;
+use common::db::Db;
 use common::shop::{givens, order, shipment, shop};
 use precedent::query::value::{Number, SortKey, sort_key};
 use precedent::query::{Change, Condition, Givens, Match, Projection, Query, QueryRow, SortBy};

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::bin::Db;
+use common::db::Db;
 use common::shop::{order, shipment, shop};
 use common::{assert_topological, chain, fact};
 use precedent::store::Durability;

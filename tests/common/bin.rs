@@ -1,11 +1,12 @@
-//! Running the `precedent` binary against a temporary database.
+//! Running the `precedent` binary against a temporary database (needs the `cli` feature).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use precedent::Store;
 use serde_json::Value as Json;
+
+pub use super::db::Db;
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_precedent");
@@ -41,49 +42,7 @@ pub fn run_ok(db: &Path, args: &[&str], stdin: &[u8]) -> Output {
     out
 }
 
-/// A database file in a temporary directory, and commands run against it.
-pub struct Db {
-    _dir: tempfile::TempDir,
-    pub path: PathBuf,
-}
-
 impl Db {
-    /// A path for a database that does not exist yet.
-    pub fn new() -> Db {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("test.db");
-        Db { _dir: dir, path }
-    }
-
-    /// A database created (at the current schema version) and closed again.
-    pub fn init() -> Db {
-        let db = Db::new();
-        drop(db.store());
-        db
-    }
-
-    /// The database opened in this process.
-    pub fn store(&self) -> Store {
-        Store::open(&self.path).unwrap()
-    }
-
-    /// The database opened with SQLite alone, to damage or inspect what the store wrote.
-    pub fn raw(&self) -> rusqlite::Connection {
-        rusqlite::Connection::open(&self.path).unwrap()
-    }
-
-    /// Released and held counts.
-    pub fn counts(&self) -> (u64, u64) {
-        let s = self.store();
-        (s.count_and_max_seq().unwrap().0, s.held_count().unwrap())
-    }
-
-    /// Asserts that `verify` finds nothing wrong.
-    pub fn assert_clean(&self) {
-        let v = self.store().verify(|_| {}).unwrap();
-        assert!(v.is_clean(), "{:?}", v.problems);
-    }
-
     /// `precedent --db PATH ARGS..`, with `PRECEDENT_DB` cleared.
     pub fn cmd(&self, args: &[&str]) -> Command {
         cmd(&self.path, args)

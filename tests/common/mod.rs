@@ -3,7 +3,10 @@
 
 #[cfg(feature = "cli")]
 pub mod bin;
+pub mod db;
+#[cfg(feature = "cli")]
 pub mod process;
+#[cfg(feature = "cli")]
 pub mod queue;
 pub mod shop;
 
