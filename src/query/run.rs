@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::fact::{Fact, Value};
 use crate::hash::FactHash;
 use crate::json::JsonValue;
-use crate::store::{Arg, ReadTx, Row, SqlValue as Sql, Store, ValueRef};
+use crate::store::{Arg, Dialect, ReadTx, Row, SqlValue as Sql, Store, ValueRef};
 
 /// The facts a query starts from: given label to hash.
 pub type Givens = HashMap<String, FactHash>;
@@ -136,7 +136,7 @@ impl Store {
     /// # Errors
     /// As [`Store::query`].
     pub fn explain(&self, query: &Query, givens: &Givens) -> Result<Vec<String>> {
-        let plan = top_plan(query, givens, None)?;
+        let plan = top_plan(self.dialect(), query, givens, None)?;
         self.read(|r| {
             let r = Reader(r);
             r.query_plan(&plan.sql, &r.bind(&plan.params)?)
@@ -148,7 +148,7 @@ impl Store {
     /// # Errors
     /// As [`Store::query`].
     pub fn compiled_sql(&self, query: &Query, givens: &Givens) -> Result<(String, Vec<String>)> {
-        let plan = top_plan(query, givens, None)?;
+        let plan = top_plan(self.dialect(), query, givens, None)?;
         let params = self
             .read(|r| Reader(r).bind(&plan.params))?
             .iter()
@@ -165,7 +165,7 @@ pub(crate) struct Reader<'a>(pub(crate) &'a dyn ReadTx);
 impl Reader<'_> {
     /// Runs a query in this transaction (see [`Store::query`]).
     pub(crate) fn query(&self, query: &Query, givens: &Givens) -> Result<Vec<QueryRow>> {
-        let plan = top_plan(query, givens, None)?;
+        let plan = top_plan(self.dialect(), query, givens, None)?;
         let mut out = Vec::new();
         for env in self.rows(&plan, &decode_top(query))? {
             out.push(self.row(query, &env)?);
@@ -188,6 +188,11 @@ impl Reader<'_> {
     pub(crate) fn query_plan(&self, sql: &str, params: &[Sql]) -> Result<Vec<String>> {
         let args: Vec<Arg<'_>> = params.iter().map(Arg::from).collect();
         self.0.plan(sql, &args)
+    }
+
+    /// The dialect of the backend the statements run on.
+    pub(crate) fn dialect(&self) -> Dialect {
+        self.0.dialect()
     }
 
     /// The id of a fact type (`role == false`) or role name, if any fact uses it.
@@ -331,6 +336,7 @@ impl Reader<'_> {
                         order: &sub.order,
                         limit: sub.limit,
                         distinct: false,
+                        dialect: self.dialect(),
                     },
                 )?;
                 let mut items = Vec::new();
@@ -408,6 +414,7 @@ pub(crate) fn top_nodes(
 
 /// The top-level statement, optionally with some labels pinned.
 pub(crate) fn top_plan(
+    dialect: Dialect,
     query: &Query,
     givens: &Givens,
     pins: Option<&HashMap<String, Bind>>,
@@ -427,6 +434,7 @@ pub(crate) fn top_plan(
             order: &query.order,
             limit: if pins.is_some() { None } else { query.limit },
             distinct: false,
+            dialect,
         },
     )
 }
@@ -434,6 +442,7 @@ pub(crate) fn top_plan(
 /// The top-level statement for the first `limit` results that sort after `row`, in order
 /// (a keyset over the query's order).
 pub(crate) fn top_plan_after(
+    dialect: Dialect,
     query: &Query,
     givens: &Givens,
     row: &QueryRow,
@@ -466,6 +475,7 @@ pub(crate) fn top_plan_after(
             order: &query.order,
             limit: Some(limit),
             distinct: false,
+            dialect,
         },
         &after,
     )

@@ -14,7 +14,8 @@
 //! follows the facts a query touches, not the size of the store.
 //!
 //! Field predicates call `pq_test(bytes, field, op, values)` and field ordering
-//! `pq_field(bytes, field)` (see [`super::functions`]); `exists` becomes a correlated
+//! `pq_field(bytes, field)` (the names come from the backend's [`Dialect`]; the rules are
+//! [`crate::predicate`]'s); `exists` becomes a correlated
 //! `EXISTS (SELECT 1 ...)`.
 
 use std::collections::{HashMap, HashSet};
@@ -23,6 +24,7 @@ use super::QueryError;
 use super::model::*;
 use crate::fact::{Fact, Value};
 use crate::hash::FactHash;
+use crate::store::Dialect;
 
 /// A parameter, bound when the statement runs. Type and role names are looked up then
 /// (an unknown name binds NULL, which matches nothing).
@@ -68,8 +70,9 @@ pub(crate) struct Plan {
     pub types: Vec<String>,
 }
 
-#[derive(Default)]
 struct Compiler {
+    /// The backend's dialect: how parameters and the field functions are written.
+    dialect: Dialect,
     params: Vec<Param>,
     aliases: usize,
     /// Labels whose `fact` row the statement reads (hash or bytes).
@@ -129,7 +132,7 @@ impl Compiler {
     /// the same.
     fn param(&mut self, p: Param) -> String {
         self.params.push(p);
-        format!("+?{}", self.params.len())
+        self.dialect.steady_param(self.params.len())
     }
 
     fn alias(&mut self, prefix: &str) -> String {
@@ -394,7 +397,7 @@ impl Compiler {
                 let o = self.param(Param::Int(op));
                 let v = self.param(Param::Blob(encode_values(values)));
                 let row = scope[&label.name].fact();
-                format!("pq_test({row}.bytes, {f}, {o}, {v})")
+                format!("{}({row}.bytes, {f}, {o}, {v})", self.dialect.field_test())
             }
             Condition::Exists {
                 negated, matches, ..
@@ -447,6 +450,8 @@ pub(crate) struct Shape<'a> {
     pub limit: Option<u64>,
     /// Force DISTINCT (watch candidate queries).
     pub distinct: bool,
+    /// The dialect the backend that runs the statement speaks.
+    pub dialect: Dialect,
 }
 
 /// Compiles a block (nodes and their conditions) with `outer` labels pinned by seq.
@@ -487,7 +492,12 @@ fn compile_keyset(
     shape: &Shape<'_>,
     after: Option<&[After]>,
 ) -> Result<Plan, QueryError> {
-    let mut c = Compiler::default();
+    let mut c = Compiler {
+        dialect: shape.dialect,
+        params: Vec::new(),
+        aliases: 0,
+        rows: HashSet::new(),
+    };
     c.rows.extend(shape.output.iter().cloned());
     for k in shape.order {
         if let SortBy::Field(l, _) = &k.by {
@@ -513,7 +523,11 @@ fn compile_keyset(
             SortBy::Field(l, field) => {
                 let p = c.param(Param::Text(field.clone()));
                 keys.push((
-                    format!("pq_field({}.bytes, {p})", scope[&l.name].fact()),
+                    format!(
+                        "{}({}.bytes, {p})",
+                        c.dialect.field_value(),
+                        scope[&l.name].fact()
+                    ),
                     k.descending,
                 ));
             }

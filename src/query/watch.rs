@@ -105,8 +105,8 @@ impl Store {
             after: 0,
             results: HashMap::new(),
             complete: true,
-            inverses: inverse::inverses(query, givens)?,
-            recheck: inverse::recheck_plan(query, givens)?,
+            inverses: inverse::inverses(self.dialect(), query, givens)?,
+            recheck: inverse::recheck_plan(self.dialect(), query, givens)?,
             givens_released: false,
             interval: Duration::from_millis(50),
         };
@@ -292,6 +292,7 @@ impl Watch {
                 ],
             };
             let plan = steady(super::run::top_plan_after(
+                store.dialect(),
                 &self.query,
                 &self.givens,
                 &row,
@@ -389,13 +390,15 @@ impl Watch {
         }
         let want = n - have;
         let plan = match self.last() {
-            Some(last) => super::run::top_plan_after(&self.query, &self.givens, last, want)?,
+            Some(last) => {
+                super::run::top_plan_after(store.dialect(), &self.query, &self.givens, last, want)?
+            }
             None => {
                 let first = Query {
                     limit: Some(want),
                     ..self.query.clone()
                 };
-                top_plan(&first, &self.givens, None)?
+                top_plan(store.dialect(), &first, &self.givens, None)?
             }
         };
         let envs = store.rows(&steady(plan), &super::run::decode_top(&self.query))?;

@@ -32,6 +32,22 @@ impl Dialect {
             Dialect::Sqlite => format!("+?{n}"),
         }
     }
+
+    /// The function testing a field of a fact's canonical bytes against a predicate:
+    /// `(bytes, field, op, values) -> 0 | 1` (see [`crate::predicate`]).
+    pub fn field_test(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "pq_test",
+        }
+    }
+
+    /// The function reading a field of a fact's canonical bytes as a sortable value:
+    /// `(bytes, field) -> value`.
+    pub fn field_value(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "pq_field",
+        }
+    }
 }
 
 /// A value bound to a statement parameter.
@@ -668,6 +684,9 @@ pub trait Backend: Send + Sync {
     /// [`Error::Backend`] of kind [`BackendErrorKind::Busy`] when another writer kept the
     /// lock past the timeout.
     fn write(&self) -> Result<Box<dyn WriteTx + '_>>;
+
+    /// The SQL dialect of this backend: what the query compiler and the clients write.
+    fn dialect(&self) -> Dialect;
 
     /// Forgets state cached from a transaction that rolled back.
     fn rolled_back(&self);

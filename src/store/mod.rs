@@ -190,6 +190,11 @@ impl Store {
         &self.options
     }
 
+    /// The SQL dialect of the store's backend.
+    pub fn dialect(&self) -> Dialect {
+        self.backend.dialect()
+    }
+
     /// The database file, or `None` for a private store.
     pub fn path(&self) -> Option<&Path> {
         self.backend.path()

@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::query::model::*;
 use crate::query::run::{Givens, top_nodes, top_plan};
 use crate::query::sql::{self, Bind, Node, Param, Plan, Shape};
-use crate::store::SqlValue as Sql;
+use crate::store::{Dialect, SqlValue as Sql};
 
 /// Where a fact type occurs in the query.
 #[derive(Clone, Debug)]
@@ -79,7 +79,7 @@ pub(super) struct Inverse {
 
 /// The statement of every place a fact type occurs in `query`: its top-level matches,
 /// inside its exists conditions, and in the child collections of its projection.
-pub(super) fn inverses(query: &Query, givens: &Givens) -> Result<Vec<Inverse>> {
+pub(super) fn inverses(dialect: Dialect, query: &Query, givens: &Givens) -> Result<Vec<Inverse>> {
     let mut occurrences = Vec::new();
     for m in &query.matches {
         occurrences.push((
@@ -106,14 +106,19 @@ pub(super) fn inverses(query: &Query, givens: &Givens) -> Result<Vec<Inverse>> {
         inverses.push(Inverse {
             type_name,
             finds,
-            compiled: inverse_plan(query, givens, &occ)?,
+            compiled: inverse_plan(dialect, query, givens, &occ)?,
         });
     }
     Ok(inverses)
 }
 
 /// The statement of one occurrence, its slots the new facts' range `(after, upto]`.
-fn inverse_plan(query: &Query, givens: &Givens, occ: &Occurrence) -> Result<Compiled> {
+fn inverse_plan(
+    dialect: Dialect,
+    query: &Query,
+    givens: &Givens,
+    occ: &Occurrence,
+) -> Result<Compiled> {
     let range = Bind::Range(SLOT, SLOT + 1);
     let plan = match occ {
         Occurrence::Top { label } => {
@@ -122,7 +127,7 @@ fn inverse_plan(query: &Query, givens: &Givens, occ: &Occurrence) -> Result<Comp
                 order: Vec::new(),
                 ..query.clone()
             };
-            top_plan(&unordered, givens, Some(&pins))?
+            top_plan(dialect, &unordered, givens, Some(&pins))?
         }
         Occurrence::Inner { blocks, label } => {
             let mut nodes = top_nodes(query, givens, None)?;
@@ -146,6 +151,7 @@ fn inverse_plan(query: &Query, givens: &Givens, occ: &Occurrence) -> Result<Comp
                     order: &[],
                     limit: None,
                     distinct: false,
+                    dialect,
                 },
             )?
         }
@@ -156,7 +162,7 @@ fn inverse_plan(query: &Query, givens: &Givens, occ: &Occurrence) -> Result<Comp
 }
 
 /// The statement evaluating the query for one result key (slots: the key).
-pub(super) fn recheck_plan(query: &Query, givens: &Givens) -> Result<Compiled> {
+pub(super) fn recheck_plan(dialect: Dialect, query: &Query, givens: &Givens) -> Result<Compiled> {
     let labels = query.top_labels();
     let pins: HashMap<String, Bind> = labels
         .iter()
@@ -178,6 +184,7 @@ pub(super) fn recheck_plan(query: &Query, givens: &Givens) -> Result<Compiled> {
             order: &[],
             limit: Some(1),
             distinct: false,
+            dialect,
         },
     )?;
     Ok(Compiled { plan: steady(plan) })

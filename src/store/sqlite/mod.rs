@@ -298,6 +298,10 @@ impl Backend for SqliteBackend {
         )?))
     }
 
+    fn dialect(&self) -> crate::store::Dialect {
+        crate::store::Dialect::Sqlite
+    }
+
     fn rolled_back(&self) {}
 
     fn reprepares(&self) -> u64 {
