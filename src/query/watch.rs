@@ -94,6 +94,25 @@ impl Store {
     /// `n` results in its order: a result that enters them pushes out the last one, and
     /// one that leaves lets the next one in.
     ///
+    /// ```
+    /// use precedent::{Fact, Store};
+    /// use precedent::query::{Change, Givens, Query};
+    ///
+    /// let store = Store::open_in_memory()?;
+    /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
+    /// store.insert(&shop)?;
+    /// let q = Query::parse("given s: Shop match o: Shop.Order where o->shop = s select o.id")?;
+    /// let mut watch = store.watch(&q, &Givens::from([("s".to_string(), shop.hash())]))?;
+    /// assert!(watch.results().is_empty());
+    ///
+    /// let order = Fact::builder("Shop.Order").field("id", 1).predecessor("shop", shop.hash()).build()?;
+    /// store.insert(&order)?;
+    /// let changes = watch.poll(&store)?;
+    /// assert!(matches!(&changes[..], [Change::Added(_)]));
+    /// assert_eq!(watch.results().len(), 1);
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`crate::Error::Query`] for an unbound given or a query nested too deep; as
     /// [`Store::query`].

@@ -250,6 +250,17 @@ impl Store {
     /// Runs `f` in one read transaction: everything it reads sees the same committed
     /// snapshot. The transaction ends when `f` returns, also by a panic.
     ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// let store = Store::open_in_memory()?;
+    /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
+    /// store.insert(&shop)?;
+    /// // Two reads, one snapshot: nothing committed in between can come between them.
+    /// let (seq, last) = store.read(|r| Ok((r.seq_of(&shop.hash())?, r.last_seq()?)))?;
+    /// assert_eq!(seq, Some(last));
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// Whatever `f` returns, or [`Error::Backend`].
     pub fn read<T>(&self, f: impl FnOnce(&dyn ReadTx) -> Result<T>) -> Result<T> {
@@ -278,6 +289,18 @@ impl Store {
 
     /// Inserts a batch of facts in any order in one transaction (see
     /// [`Writer::insert_batch`]).
+    ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// let store = Store::open_in_memory()?;
+    /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
+    /// let order = Fact::builder("Shop.Order").field("id", 1).predecessor("shop", shop.hash()).build()?;
+    /// // Children first, and a duplicate: stored parents first, once each.
+    /// let report = store.insert_batch(vec![order.clone(), shop.clone(), order.clone()])?;
+    /// assert_eq!((report.inserted, report.duplicates, report.held), (2, 1, 0));
+    /// assert!(store.seq_of(&shop.hash())? < store.seq_of(&order.hash())?);
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::Backend`]; nothing of the batch is written then.
@@ -321,6 +344,18 @@ impl Store {
 
     /// Released facts that name `hash` as a predecessor, optionally only through `role`
     /// and only of `type_name`, in release order.
+    ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// let store = Store::open_in_memory()?;
+    /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
+    /// let order = Fact::builder("Shop.Order").field("id", 1).predecessor("shop", shop.hash()).build()?;
+    /// store.insert_batch(vec![shop.clone(), order.clone()])?;
+    /// let orders = store.successors(&shop.hash(), Some("shop"), Some("Shop.Order"))?;
+    /// assert_eq!(orders, vec![order]);
+    /// assert!(store.successors(&shop.hash(), Some("owner"), None)?.is_empty());
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::Corrupt`], [`Error::Backend`].
@@ -406,6 +441,18 @@ impl Store {
     }
 
     /// Held facts with the predecessors each waits for, oldest first (up to `limit`).
+    ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// let store = Store::open_in_memory()?;
+    /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
+    /// let order = Fact::builder("Shop.Order").field("id", 1).predecessor("shop", shop.hash()).build()?;
+    /// store.insert(&order)?;
+    /// let held = store.held(10)?;
+    /// assert_eq!(held[0].missing, vec![shop.hash()]);
+    /// assert_eq!(store.get(&order.hash())?, None); // not visible until released
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::Corrupt`], [`Error::Backend`].
