@@ -77,20 +77,12 @@ impl PendingNames {
         if let Some(&id) = self.pending[k].get(name) {
             return Ok(id);
         }
-        if let Some(id) = cache.cached(kind, name) {
-            return Ok(id);
-        }
-        let (select, insert) = sql(kind);
-        let found: Option<i64> = conn
-            .prepare_cached(select)?
-            .query_row([name], |r| r.get(0))
-            .optional()?;
-        let id = match found {
+        // Found in the shared cache, the id is kept here too: the rest of the transaction
+        // finds it without taking the cache's lock (an insert looks up a type and a role
+        // per edge).
+        let id = match cache.cached(kind, name) {
             Some(id) => id,
-            None => {
-                conn.prepare_cached(insert)?.execute([name])?;
-                conn.last_insert_rowid()
-            }
+            None => read_or_create(conn, kind, name)?,
         };
         self.pending[k].insert(name.to_string(), id);
         Ok(id)
@@ -103,6 +95,22 @@ impl PendingNames {
             p.clear();
         }
     }
+}
+
+/// The id of `name` in its table, inserted if absent.
+fn read_or_create(conn: &Connection, kind: Kind, name: &str) -> Result<i64> {
+    let (select, insert) = sql(kind);
+    let found: Option<i64> = conn
+        .prepare_cached(select)?
+        .query_row([name], |r| r.get(0))
+        .optional()?;
+    Ok(match found {
+        Some(id) => id,
+        None => {
+            conn.prepare_cached(insert)?.execute([name])?;
+            conn.last_insert_rowid()
+        }
+    })
 }
 
 fn sql(kind: Kind) -> (&'static str, &'static str) {
