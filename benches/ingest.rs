@@ -489,7 +489,7 @@ fn ours_reversed(cfg: &Config) -> Json {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("bench.db");
     let mut spool = Spool::write(cfg, &dir.path().join("ordered.cbor"));
-    let mut store = open_store(cfg, &path);
+    let store = open_store(cfg, &path);
     let mut total = BatchReport::default();
     let mut timed = Duration::ZERO;
     let mut last_batch = Duration::ZERO;

@@ -180,7 +180,7 @@ fn main() {
     let producer = {
         let (db, stop, produced) = (dbs[0].clone(), stop.clone(), produced.clone());
         std::thread::spawn(move || {
-            let mut store = Store::open(&db).unwrap();
+            let store = Store::open(&db).unwrap();
             let started = Instant::now();
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -211,7 +211,7 @@ fn main() {
             let (db, stop) = (dbs[2].clone(), stop.clone());
             let (completed, latencies) = (completed.clone(), latencies.clone());
             std::thread::spawn(move || {
-                let mut store = Store::open(&db).unwrap();
+                let store = Store::open(&db).unwrap();
                 while !stop.load(Ordering::Relaxed) {
                     let leases = store.claim("jobs", 64).unwrap();
                     if leases.is_empty() {

@@ -1,8 +1,8 @@
 //! `query` and `watch`: run a query once, or follow its results as facts arrive.
 
-use std::collections::HashMap;
+use std::io::{self, Write};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use precedent::json::JsonValue;
@@ -90,18 +90,30 @@ fn load(args: &QueryArgs, store: &Store) -> anyhow::Result<(Query, Givens)> {
     Ok((query, givens))
 }
 
-/// `precedent query`.
+/// `precedent query`: each result printed as it is read (`--json`: one JSON line each; a
+/// table otherwise, its column widths set by the first [`TABLE_PAGE`] results), then the
+/// number of results on stderr.
 pub fn query(g: &Global, args: QueryArgs) -> anyhow::Result<Status> {
     let store = g.open(false)?;
     let (query, givens) = load(&args, &store)?;
-    let rows = store.query(&query, &givens)?;
-    if g.json {
-        for row in &rows {
-            say!("{}", row.value.to_json());
+    let mut out = Lines::new(std::io::stdout().lock());
+    let mut table = Table::default();
+    let mut count: u64 = 0;
+    store.query_each(&query, &givens, |row| {
+        count += 1;
+        if g.json {
+            serde_json::to_writer(&mut out.sink, &row.value.to_json()).map_err(io::Error::from)?;
+            out.end_line()?;
+        } else {
+            table.push(&row, &mut out)?;
         }
-    } else {
-        print_table(&rows)?;
+        Ok(())
+    })?;
+    if !g.json {
+        table.finish(&mut out)?;
     }
+    out.sink.flush()?;
+    eprintln!("{count} result{}", if count == 1 { "" } else { "s" });
     Ok(Status::Ok)
 }
 
@@ -114,19 +126,28 @@ pub fn query(g: &Global, args: QueryArgs) -> anyhow::Result<Status> {
 pub fn watch(g: &Global, args: WatchArgs) -> anyhow::Result<Status> {
     let store = g.open(false)?;
     let (query, givens) = load(&args.query, &store)?;
-    let mut watch = store.watch(&query, &givens)?;
+    // The initial results are printed as the watch reads them. `shown` keeps only each
+    // result's place (its key and `order by` values), which is all `at` needs: the
+    // values are the watch's to keep.
+    let mut shown: Vec<QueryRow> = Vec::new();
+    let mut out = Lines::new(std::io::stdout().lock());
+    let mut watch = store.watch_each(&query, &givens, |row| {
+        serde_json::to_writer(&mut out.sink, &event("added", shown.len(), row))
+            .map_err(io::Error::from)?;
+        out.end_line()?;
+        shown.push(place(row));
+        Ok(())
+    })?;
+    out.sink.flush()?;
+    drop(out);
     watch.interval = Duration::from_millis(args.interval_ms.max(1));
-    let mut shown: Vec<QueryRow> = watch.results().into_iter().cloned().collect();
-    for (at, row) in shown.iter().enumerate() {
-        say!("{}", event("added", at, row));
-    }
     loop {
         for change in watch.wait(&store, Duration::from_secs(1))? {
             match change {
                 Change::Added(r) => {
                     let at = shown.partition_point(|x| x.cmp_in(&r, &query).is_lt());
                     say!("{}", event("added", at, &r));
-                    shown.insert(at, r);
+                    shown.insert(at, place(&r));
                 }
                 Change::Removed(r) => {
                     if let Some(at) = shown.iter().position(|x| x.key == r.key) {
@@ -137,11 +158,19 @@ pub fn watch(g: &Global, args: WatchArgs) -> anyhow::Result<Status> {
                 Change::Updated(r) => {
                     if let Some(at) = shown.iter().position(|x| x.key == r.key) {
                         say!("{}", event("updated", at, &r));
-                        shown[at] = r;
                     }
                 }
             }
         }
+    }
+}
+
+/// A result's place in the query's order, without its value.
+fn place(row: &QueryRow) -> QueryRow {
+    QueryRow {
+        key: row.key.clone(),
+        value: Projected::Seq(0),
+        order: row.order.clone(),
     }
 }
 
@@ -174,42 +203,113 @@ fn cell(p: &Projected) -> String {
     }
 }
 
-fn print_table(rows: &[QueryRow]) -> anyhow::Result<()> {
-    let header: Vec<String> = match rows.first().map(|r| &r.value) {
-        Some(Projected::Record(items)) => items.iter().map(|(k, _)| k.clone()).collect(),
-        _ => vec!["result".into()],
-    };
-    let lines: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| match &r.value {
+/// How many results set a table's column widths before any is printed.
+const TABLE_PAGE: usize = 1_000;
+
+/// A table printed as its results arrive: the first [`TABLE_PAGE`] rows are held to set
+/// the column widths, then printed with the header; later rows are printed at once, a
+/// cell wider than its column widening it from that row on.
+#[derive(Default)]
+struct Table {
+    header: Option<Vec<String>>,
+    held: Vec<Vec<String>>,
+    widths: Vec<usize>,
+    started: bool,
+}
+
+impl Table {
+    fn push(&mut self, row: &QueryRow, out: &mut Lines<impl Write>) -> io::Result<()> {
+        let header = self.header.get_or_insert_with(|| match &row.value {
+            Projected::Record(items) => items.iter().map(|(k, _)| k.clone()).collect(),
+            _ => vec!["result".into()],
+        });
+        if self.widths.is_empty() {
+            self.widths = header.iter().map(|h| h.chars().count()).collect();
+        }
+        let line: Vec<String> = match &row.value {
             Projected::Record(items) => items.iter().map(|(_, v)| cell(v)).collect(),
             v => vec![cell(v)],
-        })
-        .collect();
-    let mut widths: HashMap<usize, usize> = HashMap::new();
-    for line in std::iter::once(&header).chain(&lines) {
+        };
+        self.widen(&line);
+        if self.started {
+            return self.print(&line, out);
+        }
+        self.held.push(line);
+        if self.held.len() >= TABLE_PAGE {
+            self.start(out)?;
+        }
+        Ok(())
+    }
+
+    /// Prints what is held (the header alone for no result: "result").
+    fn finish(&mut self, out: &mut Lines<impl Write>) -> io::Result<()> {
+        if self.header.is_none() {
+            self.header = Some(vec!["result".into()]);
+            self.widths = vec!["result".len()];
+        }
+        if !self.started {
+            self.start(out)?;
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, out: &mut Lines<impl Write>) -> io::Result<()> {
+        self.started = true;
+        let header = self.header.clone().unwrap_or_default();
+        self.print(&header, out)?;
+        for line in std::mem::take(&mut self.held) {
+            self.print(&line, out)?;
+        }
+        Ok(())
+    }
+
+    fn widen(&mut self, line: &[String]) {
         for (i, c) in line.iter().enumerate() {
-            let w = widths.entry(i).or_default();
-            *w = (*w).max(c.chars().count());
+            let n = c.chars().count();
+            match self.widths.get_mut(i) {
+                Some(w) => *w = (*w).max(n),
+                None => self.widths.push(n),
+            }
         }
     }
-    let render = |line: &[String]| {
-        line.iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = widths[&i]))
+
+    fn print(&mut self, line: &[String], out: &mut Lines<impl Write>) -> io::Result<()> {
+        self.widen(line);
+        let text = line
+            .iter()
+            .zip(&self.widths)
+            .map(|(c, w)| format!("{c:<w$}"))
             .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_string()
-    };
-    say!("{}", render(&header));
-    for line in &lines {
-        say!("{}", render(line));
+            .join("  ");
+        out.sink.write_all(text.trim_end().as_bytes())?;
+        out.end_line()
     }
-    eprintln!(
-        "{} result{}",
-        rows.len(),
-        if rows.len() == 1 { "" } else { "s" }
-    );
-    Ok(())
+}
+
+/// Buffered standard output for many lines that also reaches a reader soon: flushed after
+/// the first line and then at least every [`Lines::EVERY`], so that a slow query's
+/// results show as they come and a fast one's are not written a line per system call.
+struct Lines<W: Write> {
+    sink: io::BufWriter<W>,
+    flushed: Option<Instant>,
+}
+
+impl<W: Write> Lines<W> {
+    const EVERY: Duration = Duration::from_millis(100);
+
+    fn new(w: W) -> Lines<W> {
+        Lines {
+            sink: io::BufWriter::with_capacity(1 << 16, w),
+            flushed: None,
+        }
+    }
+
+    fn end_line(&mut self) -> io::Result<()> {
+        self.sink.write_all(b"\n")?;
+        if self.flushed.is_none_or(|t| t.elapsed() >= Self::EVERY) {
+            self.sink.flush()?;
+            self.flushed = Some(Instant::now());
+        }
+        Ok(())
+    }
 }

@@ -30,6 +30,7 @@
 use serde::de::DeserializeOwned;
 
 use super::run::{Givens, QueryRow};
+use super::stream::QueryIter;
 use super::typed::{FactType, Ref};
 use super::watch::Watch;
 use super::{Query, QueryError};
@@ -177,6 +178,44 @@ impl<'s> PreparedQuery<'s> {
     /// As [`Store::query`]: [`crate::Error::Query`] names a given left unbound.
     pub fn rows(&self) -> Result<Vec<QueryRow>> {
         self.store.query(&self.query, &self.givens)
+    }
+
+    /// Runs the query and calls `f` with each result as it is read, as
+    /// [`Store::query_each`] does: one result held at a time.
+    ///
+    /// # Errors
+    /// As [`Store::query_each`].
+    pub fn each(&self, f: impl FnMut(QueryRow) -> Result<()>) -> Result<()> {
+        self.store.query_each(&self.query, &self.givens, f)
+    }
+
+    /// Runs the query and returns its results as an iterator over one snapshot, read a
+    /// page at a time, as [`Store::query_iter`] does.
+    ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// # let store = Store::open_in_memory()?;
+    /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
+    /// let orders: Vec<Fact> = (0..5)
+    ///     .map(|i| Fact::builder("Shop.Order").field("id", i).predecessor("shop", shop.hash()).build())
+    ///     .collect::<Result<_, _>>()?;
+    /// store.insert(&shop)?;
+    /// store.insert_batch(orders)?;
+    /// let ids: Vec<_> = store
+    ///     .prepare("given s: Shop match o: Shop.Order where o->shop = s order by o.id desc select o.id")?
+    ///     .given("s", &shop)?
+    ///     .iter()?
+    ///     .take(2)
+    ///     .map(|r| r.map(|r| r.value.to_json()))
+    ///     .collect::<Result<_, _>>()?;
+    /// assert_eq!(ids, vec![4, 3]);
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Store::query_iter`].
+    pub fn iter(&self) -> Result<QueryIter<'s>> {
+        self.store.query_iter(&self.query, &self.givens)
     }
 
     /// Runs the query and deserialises each result into `T`, as

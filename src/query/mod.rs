@@ -29,6 +29,8 @@
 //!   [`crate::predicate`] module, which the backend also runs inside the database).
 //! - `sql`: compilation to one SQL statement with bound parameters.
 //! - `run`: execution and projections ([`Store::query`](crate::Store::query)).
+//! - `stream`: results as they are read, by callback or iterator
+//!   ([`Store::query_each`](crate::Store::query_each), [`QueryIter`]).
 //! - [`typed`]: typed facts ([`FactType`], [`Ref`]).
 //! - `typed_rows`: results read into serde types ([`QueryRow::value_as`]).
 //! - `call`: fluent calls ([`Store::prepare`](crate::Store::prepare), [`PreparedQuery`]).
@@ -39,6 +41,7 @@ pub mod model;
 mod parse;
 mod run;
 mod sql;
+mod stream;
 pub mod typed;
 mod typed_rows;
 pub use crate::predicate as value;
@@ -54,6 +57,7 @@ pub use model::{
 /// `#[derive(FactType)]`, from the `precedent-derive` crate (see [`typed`]).
 pub use precedent_derive::FactType;
 pub use run::{Givens, Projected, QueryRow};
+pub use stream::{DEFAULT_PAGE, QueryIter};
 pub use typed::{Arity, FactType, Ref};
 pub use value::Op;
 pub use watch::{Change, Changes, Stop, Watch};

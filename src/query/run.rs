@@ -113,13 +113,19 @@ pub(crate) fn labels_read(p: &Projection, out: &mut HashSet<String>) {
 
 impl Store {
     /// Runs a query with its givens bound by hash. A given that is not released yields no
-    /// results. Every result is read from one snapshot.
+    /// results. Every result is read from one snapshot. All results are held at once:
+    /// [`Store::query_each`] and [`Store::query_iter`] hand them out as they are read.
     ///
     /// # Errors
     /// [`crate::Error::Query`] if a given label is not bound; [`crate::Error::Corrupt`],
     /// [`crate::Error::Backend`].
     pub fn query(&self, query: &Query, givens: &Givens) -> Result<Vec<QueryRow>> {
-        self.read(|r| Reader(r).query(query, givens))
+        let mut out = Vec::new();
+        self.query_each(query, givens, |row| {
+            out.push(row);
+            Ok(())
+        })?;
+        Ok(out)
     }
 
     /// Parses and runs a query in the text syntax.
@@ -163,14 +169,20 @@ impl Store {
 pub(crate) struct Reader<'a>(pub(crate) &'a dyn ReadTx);
 
 impl Reader<'_> {
-    /// Runs a query in this transaction (see [`Store::query`]).
-    pub(crate) fn query(&self, query: &Query, givens: &Givens) -> Result<Vec<QueryRow>> {
+    /// Runs a query in this transaction, handing each result to `f` as its row is read:
+    /// one statement, stepped once, with each result's child collections read while it
+    /// is at that row (see [`Store::query_each`]).
+    pub(crate) fn query_each(
+        &self,
+        query: &Query,
+        givens: &Givens,
+        f: &mut dyn FnMut(QueryRow) -> Result<()>,
+    ) -> Result<()> {
         let plan = top_plan(self.dialect(), query, givens, None)?;
-        let mut out = Vec::new();
-        for env in self.rows(&plan, &decode_top(query))? {
-            out.push(self.row(query, &env)?);
-        }
-        Ok(out)
+        let decode = decode_top(query);
+        self.each_row(&plan, &self.bind(&plan.params)?, &decode, &mut |env| {
+            f(self.row(query, &env)?)
+        })
     }
 
     /// Runs a compiled read-only statement, calling `f` for each row.
@@ -245,6 +257,21 @@ impl Reader<'_> {
         decode: &HashSet<String>,
     ) -> Result<Vec<Env>> {
         let mut out = Vec::new();
+        self.each_row(plan, params, decode, &mut |env| {
+            out.push(env);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Runs a plan, calling `f` with each row as it is read (see [`Reader::rows`]).
+    pub(crate) fn each_row(
+        &self,
+        plan: &Plan,
+        params: &[Sql],
+        decode: &HashSet<String>,
+        f: &mut dyn FnMut(Env) -> Result<()>,
+    ) -> Result<()> {
         self.run_query(&plan.sql, params, |r| {
             let mut env = Env::new();
             for (i, label) in plan.labels.iter().enumerate() {
@@ -276,10 +303,8 @@ impl Reader<'_> {
                 };
                 env.insert(label.clone(), bound);
             }
-            out.push(env);
-            Ok(())
-        })?;
-        Ok(out)
+            f(env)
+        })
     }
 
     /// Builds the result for one row.
@@ -448,14 +473,24 @@ pub(crate) fn top_plan_after(
     row: &QueryRow,
     limit: u64,
 ) -> Result<Plan, QueryError> {
+    top_plan_after_key(dialect, query, givens, (&row.order, &row.key), limit)
+}
+
+/// As [`top_plan_after`], after the result with these `order by` values and key.
+pub(crate) fn top_plan_after_key(
+    dialect: Dialect,
+    query: &Query,
+    givens: &Givens,
+    (order, key): (&[SortKey], &[i64]),
+    limit: u64,
+) -> Result<Plan, QueryError> {
     let nodes = top_nodes(query, givens, None)?;
     let conds: Vec<&Condition> = query
         .matches
         .iter()
         .flat_map(|m| m.conditions.iter())
         .collect();
-    let mut after: Vec<After> = row
-        .order
+    let mut after: Vec<After> = order
         .iter()
         .map(|k| match k {
             SortKey::Null => After::Null,
@@ -465,7 +500,7 @@ pub(crate) fn top_plan_after(
             SortKey::Bytes(b) => After::Value(Param::Blob(b.clone())),
         })
         .collect();
-    after.extend(row.key.iter().map(|s| After::Value(Param::Int(*s))));
+    after.extend(key.iter().map(|s| After::Value(Param::Int(*s))));
     let output = query.top_labels().iter().map(|s| s.to_string()).collect();
     sql::compile_after(
         &nodes,

@@ -117,6 +117,38 @@ impl Store {
     /// [`crate::Error::Query`] for an unbound given or a query nested too deep; as
     /// [`Store::query`].
     pub fn watch(&self, query: &Query, givens: &Givens) -> Result<Watch> {
+        self.watch_each(query, givens, |_| Ok(()))
+    }
+
+    /// Starts watching a query, as [`Store::watch`] does, calling `f` with each current
+    /// result as it is read, in the query's order (what [`Watch::results`] returns
+    /// after): a consumer that shows the results need not wait for the last one, nor
+    /// copy them.
+    ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// # use precedent::query::{Givens, Query};
+    /// # let store = Store::open_in_memory()?;
+    /// store.insert(&Fact::builder("Shop").field("name", "corner").build()?)?;
+    /// let q = Query::parse("match s: Shop select s.name")?;
+    /// let mut shown = Vec::new();
+    /// let watch = store.watch_each(&q, &Givens::new(), |row| {
+    ///     shown.push(row.value.to_json());
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(shown, vec!["corner"]);
+    /// assert_eq!(watch.results().len(), 1);
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Store::watch`], or whatever `f` returns.
+    pub fn watch_each(
+        &self,
+        query: &Query,
+        givens: &Givens,
+        mut f: impl FnMut(&QueryRow) -> Result<()>,
+    ) -> Result<Watch> {
         query.check_depth()?;
         let mut w = Watch {
             query: query.clone(),
@@ -134,7 +166,7 @@ impl Store {
             w.after = r.last_seq()?;
             w.refresh_givens(&r)?;
             if w.givens_released {
-                w.start(&r, &mut Vec::new())?;
+                w.start(&r, &mut f)?;
             }
             Ok(w)
         })
@@ -186,7 +218,10 @@ impl Watch {
         if !self.givens_released {
             self.refresh_givens(store)?;
             if self.givens_released {
-                self.start(store, &mut changes)?;
+                self.start(store, &mut |row| {
+                    changes.push(Change::Added(row.clone()));
+                    Ok(())
+                })?;
             }
             self.after = upto;
             return Ok(changes);
@@ -350,14 +385,21 @@ impl Watch {
         Ok(())
     }
 
-    /// Reads the query's current results (the first `n` with `limit n`) as additions.
-    fn start(&mut self, store: &Reader<'_>, changes: &mut Vec<Change>) -> Result<()> {
-        let rows = store.query(&self.query, &self.givens)?;
-        self.complete = self.query.limit.is_none_or(|n| (rows.len() as u64) < n);
-        for row in rows {
-            self.results.insert(row.key.clone(), row.clone());
-            changes.push(Change::Added(row));
-        }
+    /// Reads the query's current results (the first `n` with `limit n`) into `results`,
+    /// calling `seen` with each as it is read, in the query's order.
+    fn start(
+        &mut self,
+        store: &Reader<'_>,
+        seen: &mut dyn FnMut(&QueryRow) -> Result<()>,
+    ) -> Result<()> {
+        let (query, givens, results) = (&self.query, &self.givens, &mut self.results);
+        store.query_each(query, givens, &mut |row| {
+            seen(&row)?;
+            results.insert(row.key.clone(), row);
+            Ok(())
+        })?;
+        let found = self.results.len() as u64;
+        self.complete = self.query.limit.is_none_or(|n| found < n);
         Ok(())
     }
 

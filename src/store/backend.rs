@@ -700,3 +700,16 @@ pub trait Backend: Send + Sync {
     /// The database's file, if it has one.
     fn path(&self) -> Option<&std::path::Path>;
 }
+
+impl super::Store {
+    /// Begins a read transaction that outlives a closure: one snapshot, taken at its
+    /// first read, until the value is dropped. For readers that hand out results between
+    /// calls (a query's result iterator); everything else reads through
+    /// [`super::Store::read`].
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    pub(crate) fn begin_read(&self) -> Result<Box<dyn ReadTx + '_>> {
+        self.backend.read()
+    }
+}

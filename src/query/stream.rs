@@ -1,0 +1,204 @@
+//! Results as they are read, without holding them all: a callback over one statement
+//! ([`Store::query_each`]) and an iterator that reads pages ([`Store::query_iter`]).
+//!
+//! Both read every result from one snapshot. They differ in how the database is stepped:
+//! - `query_each` runs the query's statement once and hands each result to the caller
+//!   at its row, so it costs what [`Store::query`] costs (which is built on it) and
+//!   holds one result at a time;
+//! - `query_iter` cannot keep a statement open between calls to `next` (the seam hands
+//!   rows to a callback), so it keeps its read transaction open instead and reads a page
+//!   of results at a time with a keyset statement: the first `page` results sorting after
+//!   the last one read, in the query's order, the statement a limited watch refills with.
+//!   Each page is one statement: without `order by`, a range of release order; with an
+//!   `order by` on a field, the database finds and sorts the results after the last one
+//!   again for each page, so for a large ordered result set `query_each` is the cheaper
+//!   form.
+
+use std::collections::{HashSet, VecDeque};
+
+use super::model::Query;
+use super::run::{Givens, QueryRow, Reader, decode_top, top_plan, top_plan_after_key};
+use crate::error::Result;
+use crate::store::{ReadTx, Store};
+
+/// How many results [`Store::query_iter`] reads per statement.
+pub const DEFAULT_PAGE: usize = 1_000;
+
+impl Store {
+    /// Runs a query and calls `f` with each result, in the query's order, as it is read:
+    /// the first result arrives before the last is computed, and only one is held at a
+    /// time. Every result is read from one snapshot. Stops at the first error, from the
+    /// store or from `f`, and returns it.
+    ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// # use precedent::query::{Givens, Query};
+    /// # let store = Store::open_in_memory()?;
+    /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
+    /// store.insert(&shop)?;
+    /// let q = Query::parse("match s: Shop select s.name")?;
+    /// let mut names = Vec::new();
+    /// store.query_each(&q, &Givens::new(), |row| {
+    ///     names.push(row.value.to_json());
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(names, vec!["corner"]);
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Store::query`], or whatever `f` returns.
+    pub fn query_each(
+        &self,
+        query: &Query,
+        givens: &Givens,
+        mut f: impl FnMut(QueryRow) -> Result<()>,
+    ) -> Result<()> {
+        self.read(|r| Reader(r).query_each(query, givens, &mut f))
+    }
+
+    /// Runs a query and returns its results as an iterator, read [`DEFAULT_PAGE`] at a
+    /// time (see [`Store::query_pages`]).
+    ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// # use precedent::query::{Givens, Query};
+    /// # let store = Store::open_in_memory()?;
+    /// for i in 0..3 {
+    ///     store.insert(&Fact::builder("Shop").field("name", format!("shop-{i}")).build()?)?;
+    /// }
+    /// let q = Query::parse("match s: Shop select s.name")?;
+    /// let first = store.query_iter(&q, &Givens::new())?.next().transpose()?;
+    /// assert_eq!(first.map(|r| r.value.to_json()), Some("shop-0".into()));
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Store::query`], for the first page; later pages' errors are items.
+    pub fn query_iter(&self, query: &Query, givens: &Givens) -> Result<QueryIter<'_>> {
+        self.query_pages(query, givens, DEFAULT_PAGE)
+    }
+
+    /// Runs a query and returns its results as an iterator that holds one read
+    /// transaction, so that every result comes from one snapshot however long it is
+    /// kept, and reads `page` results (at least 1) per statement: smaller pages hold
+    /// less, larger ones run fewer statements. The first page is read here, which takes
+    /// the snapshot. A query's own `limit` holds across pages.
+    ///
+    /// Keeping the iterator keeps its snapshot: the database cannot reclaim what later
+    /// writes replace until it is dropped.
+    ///
+    /// # Errors
+    /// As [`Store::query`], for the first page; later pages' errors are items.
+    pub fn query_pages(
+        &self,
+        query: &Query,
+        givens: &Givens,
+        page: usize,
+    ) -> Result<QueryIter<'_>> {
+        let mut it = QueryIter {
+            tx: self.begin_read()?,
+            query: query.clone(),
+            givens: givens.clone(),
+            decode: decode_top(query),
+            page: page.max(1) as u64,
+            read: VecDeque::new(),
+            left: query.limit,
+            last: None,
+            done: false,
+        };
+        it.read_page()?;
+        Ok(it)
+    }
+}
+
+/// The results of a query, read a page at a time in one read transaction
+/// ([`Store::query_pages`]).
+#[must_use = "an iterator reads nothing until it is advanced"]
+pub struct QueryIter<'s> {
+    tx: Box<dyn ReadTx + 's>,
+    query: Query,
+    givens: Givens,
+    decode: HashSet<String>,
+    page: u64,
+    /// Results read and not yet handed out.
+    read: VecDeque<QueryRow>,
+    /// How many more results the query's `limit` allows.
+    left: Option<u64>,
+    /// The `order by` values and key of the last result read: the next page starts
+    /// after it.
+    last: Option<(Vec<crate::query::value::SortKey>, Vec<i64>)>,
+    /// Whether the last page read was short: nothing is left to read.
+    done: bool,
+}
+
+impl std::fmt::Debug for QueryIter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueryIter")
+            .field("query", &self.query)
+            .field("page", &self.page)
+            .field("buffered", &self.read.len())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QueryIter<'_> {
+    /// Reads the next page into `read`, or marks the iterator done.
+    fn read_page(&mut self) -> Result<()> {
+        let want = self.left.map_or(self.page, |n| n.min(self.page));
+        if want == 0 {
+            self.done = true;
+            return Ok(());
+        }
+        let plan = match &self.last {
+            None => {
+                // The query's own limit is `left` here; the page's is `want`.
+                let first = Query {
+                    limit: Some(want),
+                    ..self.query.clone()
+                };
+                top_plan(self.tx.dialect(), &first, &self.givens, None)?
+            }
+            Some((order, key)) => top_plan_after_key(
+                self.tx.dialect(),
+                &self.query,
+                &self.givens,
+                (order, key),
+                want,
+            )?,
+        };
+        let r = Reader(&*self.tx);
+        let mut got = 0;
+        r.each_row(&plan, &r.bind(&plan.params)?, &self.decode, &mut |env| {
+            let row = r.row(&self.query, &env)?;
+            got += 1;
+            self.read.push_back(row);
+            Ok(())
+        })?;
+        if let Some(row) = self.read.back() {
+            self.last = Some((row.order.clone(), row.key.clone()));
+        }
+        if let Some(n) = &mut self.left {
+            *n -= got;
+        }
+        self.done = got < want;
+        Ok(())
+    }
+}
+
+impl Iterator for QueryIter<'_> {
+    type Item = Result<QueryRow>;
+
+    fn next(&mut self) -> Option<Result<QueryRow>> {
+        if self.read.is_empty()
+            && !self.done
+            && let Err(e) = self.read_page()
+        {
+            // Nothing after an error: the caller sees it once.
+            self.done = true;
+            return Some(Err(e));
+        }
+        self.read.pop_front().map(Ok)
+    }
+}
