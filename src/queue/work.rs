@@ -117,13 +117,6 @@ impl Writer<'_> {
         Ok(fact.hash())
     }
 
-    fn input_at(&self, q: &QueueDef, seq: i64) -> Result<Fact> {
-        self.sql().fact_at(seq)?.ok_or_else(|| Error::Queue {
-            queue: q.spec.name.clone(),
-            reason: format!("queue item names seq {seq}, which is not a released fact"),
-        })
-    }
-
     /// Claims up to `n` ready inputs of `queue` (see [`Store::claim`]).
     ///
     /// # Errors
@@ -134,15 +127,28 @@ impl Writer<'_> {
         let now = self.now_ms();
         let mut leases = Vec::new();
         while leases.len() < n {
-            let rows: Vec<(i64, i64, i64, Option<i64>)> = self
-                .sql()
-                .query_vec("SELECT input, state, attempts, first_attempt_at FROM queue_item
-                     WHERE queue_id = ?1 AND claimable_at <= ?2 ORDER BY claimable_at, input LIMIT ?3", args![q.id, now, (n - leases.len()) as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+            // The input's bytes come with its item row: one statement per claim, not one
+            // per claimed input.
+            let rows: Vec<(i64, i64, i64, Option<i64>, Option<(FactHash, Vec<u8>)>)> =
+                self.sql().query_vec(
+                    "SELECT i.input, i.state, i.attempts, i.first_attempt_at, f.hash, f.bytes
+                     FROM queue_item i LEFT JOIN fact f ON f.seq = i.input
+                     WHERE i.queue_id = ?1 AND i.claimable_at <= ?2
+                     ORDER BY i.claimable_at, i.input LIMIT ?3",
+                    args![q.id, now, (n - leases.len()) as i64],
+                    |r| {
+                        let fact = match r.value(4)? {
+                            crate::store::ValueRef::Null => None,
+                            _ => Some((r.hash(4)?, r.get(5)?)),
+                        };
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, fact))
+                    },
+                )?;
             if rows.is_empty() {
                 break;
             }
-            for (seq, state, attempts, first) in rows {
-                let input = self.input_at(q, seq)?;
+            for (seq, state, attempts, first, fact) in rows {
+                let input = input_from(q, seq, fact)?;
                 let out_of_attempts = attempts >= q.spec.retry.max_attempts as i64;
                 let too_old = first.is_some_and(|f| now - f >= q.spec.retry.max_age_ms);
                 if out_of_attempts || too_old {
@@ -287,6 +293,18 @@ impl Writer<'_> {
             }
         }
     }
+}
+
+/// The input of queue item `seq` from its fact row's hash and bytes (`None`: no row).
+fn input_from(q: &QueueDef, seq: i64, row: Option<(FactHash, Vec<u8>)>) -> Result<Fact> {
+    let (hash, bytes) = row.ok_or_else(|| Error::Queue {
+        queue: q.spec.name.clone(),
+        reason: format!("queue item names seq {seq}, which is not a released fact"),
+    })?;
+    crate::encoding::decode_fact(&bytes, Some(hash)).map_err(|e| Error::Corrupt {
+        hash,
+        reason: e.to_string(),
+    })
 }
 
 /// The input a hash names in queue `id`: the hash itself if it is an unfinished input, or
