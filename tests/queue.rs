@@ -136,7 +136,7 @@ fn completion_commits_the_handlers_rows_with_it_or_nothing() {
 #[test]
 fn a_lease_is_exclusive_until_it_expires_and_a_stale_completion_is_refused() {
     let clock = ManualClock::starting_at(T0);
-    let mut s = store_with(&clock);
+    let s = store_with(&clock);
     s.declare_queue(&orders_spec()).unwrap();
     let a = order(1, &[]);
     s.insert(&a).unwrap();
@@ -186,7 +186,7 @@ fn two_processes_never_hold_live_leases_on_one_input() {
 #[test]
 fn transient_failures_back_off_then_dead_letter_with_audit_fields() {
     let clock = ManualClock::starting_at(T0);
-    let mut s = store_with(&clock);
+    let s = store_with(&clock);
     let mut spec = orders_spec();
     spec.retry.max_attempts = 3;
     s.declare_queue(&spec).unwrap();
@@ -246,7 +246,7 @@ fn transient_failures_back_off_then_dead_letter_with_audit_fields() {
 #[test]
 fn the_age_budget_dead_letters_even_with_attempts_left() {
     let clock = ManualClock::starting_at(T0);
-    let mut s = store_with(&clock);
+    let s = store_with(&clock);
     s.declare_queue(&orders_spec()).unwrap();
     s.insert(&order(1, &[])).unwrap();
     let lease = s.claim("ship", 1).unwrap().pop().unwrap();
@@ -260,7 +260,7 @@ fn the_age_budget_dead_letters_even_with_attempts_left() {
 #[test]
 fn an_expired_lease_past_the_budget_is_dead_lettered_at_claim() {
     let clock = ManualClock::starting_at(T0);
-    let mut s = store_with(&clock);
+    let s = store_with(&clock);
     let mut spec = orders_spec();
     spec.retry.max_attempts = 2;
     s.declare_queue(&spec).unwrap();
@@ -282,7 +282,7 @@ fn an_expired_lease_past_the_budget_is_dead_lettered_at_claim() {
 #[test]
 fn permanent_failure_dead_letters_now_and_redrive_gives_a_fresh_budget() {
     let clock = ManualClock::starting_at(T0);
-    let mut s = store_with(&clock);
+    let s = store_with(&clock);
     s.declare_queue(&orders_spec()).unwrap();
     let a = order(1, &[]);
     s.insert(&a).unwrap();
@@ -407,7 +407,7 @@ fn causal_release_blocks_descendants_only_and_dead_letters_say_so() {
 #[test]
 fn unordered_queues_offer_descendants_at_once() {
     let clock = ManualClock::starting_at(T0);
-    let mut s = store_with(&clock);
+    let s = store_with(&clock);
     let mut spec = orders_spec();
     spec.ordering = Ordering::None;
     s.declare_queue(&spec).unwrap();
@@ -461,7 +461,7 @@ fn inputs_released_from_the_held_set_are_queued() {
 #[test]
 fn at_most_once_hands_an_input_out_once_even_if_the_handler_dies() {
     let clock = ManualClock::starting_at(T0);
-    let mut s = store_with(&clock);
+    let s = store_with(&clock);
     let mut spec = orders_spec();
     spec.semantics = Semantics::AtMostOnce;
     s.declare_queue(&spec).unwrap();
@@ -485,7 +485,7 @@ fn at_most_once_hands_an_input_out_once_even_if_the_handler_dies() {
 #[test]
 fn releasing_a_lease_does_not_count_the_attempt() {
     let clock = ManualClock::starting_at(T0);
-    let mut s = store_with(&clock);
+    let s = store_with(&clock);
     s.declare_queue(&orders_spec()).unwrap();
     s.insert(&order(1, &[])).unwrap();
     let lease = s.claim("ship", 1).unwrap().pop().unwrap();
@@ -496,7 +496,7 @@ fn releasing_a_lease_does_not_count_the_attempt() {
 #[test]
 fn the_oldest_ready_age_alert_fires() {
     let clock = ManualClock::starting_at(T0);
-    let mut s = store_with(&clock);
+    let s = store_with(&clock);
     s.declare_queue(&orders_spec()).unwrap();
     s.insert(&order(1, &[])).unwrap();
     assert!(s.queue_check(None).unwrap().is_empty());
@@ -509,7 +509,7 @@ fn the_oldest_ready_age_alert_fires() {
 #[test]
 fn completed_history_leaves_no_local_state() {
     let clock = ManualClock::starting_at(T0);
-    let mut s = store_with(&clock);
+    let s = store_with(&clock);
     s.declare_queue(&orders_spec()).unwrap();
     let orders: Vec<Fact> = (0..50).map(|i| order(i, &[])).collect();
     s.insert_batch(orders).unwrap();
@@ -550,7 +550,7 @@ proptest! {
     #[test]
     fn no_input_is_handed_out_before_an_unfinished_ancestor(shape in dag(), fails in proptest::collection::vec(0u8..4, 64)) {
         let clock = ManualClock::starting_at(T0);
-        let mut s = store_with(&clock);
+        let s = store_with(&clock);
         let mut spec = orders_spec();
         spec.retry.max_attempts = 2;
         s.declare_queue(&spec).unwrap();
@@ -592,7 +592,7 @@ proptest! {
 #[test]
 fn a_batch_of_completions_commits_once_and_a_failing_one_leaves_nothing() {
     let clock = ManualClock::starting_at(T0);
-    let mut s = store_with(&clock);
+    let s = store_with(&clock);
     s.declare_queue(&orders_spec()).unwrap();
     let orders: Vec<Fact> = (0..5).map(|i| order(i, &[])).collect();
     s.insert_batch(orders.clone()).unwrap();
@@ -643,4 +643,79 @@ fn a_batch_of_completions_commits_once_and_a_failing_one_leaves_nothing() {
     // The failed lease is still live and can be completed on its own.
     s.complete(failed, |w| w.insert(&shipped(&failed.input)).map(|_| ()))
         .unwrap();
+}
+
+/// Writes `input`'s completion in a savepoint and rolls it back.
+fn complete_then_roll_back(w: &mut precedent::Writer<'_>, input: &Fact) {
+    let inner: Result<(), Error> = w.savepoint(|w| {
+        w.insert(&shipped(input))?;
+        Err(Error::InvalidFact {
+            reason: "changed its mind".into(),
+        })
+    });
+    assert!(inner.is_err());
+}
+
+#[test]
+fn a_completion_rolled_back_inside_the_handler_does_not_count() {
+    let clock = ManualClock::starting_at(T0);
+    let s = store_with(&clock);
+    s.declare_queue(&orders_spec()).unwrap();
+    let input = order(1, &[]);
+    s.insert(&input).unwrap();
+    let [lease] = <[_; 1]>::try_from(s.claim("ship", 1).unwrap()).unwrap();
+    // The handler writes the completion in a savepoint of its own that it rolls back: the
+    // input is not done, so the completion must be refused and nothing counted.
+    let result = s.complete(&lease, |w| {
+        complete_then_roll_back(w, &input);
+        Ok(())
+    });
+    assert!(
+        matches!(result, Err(Error::NotCompleted { .. })),
+        "{result:?}"
+    );
+    // The same through a plain write: a rolled-back completion leaves the counters alone.
+    s.write(|w| {
+        complete_then_roll_back(w, &input);
+        Ok(())
+    })
+    .unwrap();
+    let st = s.queue_stats("ship").unwrap();
+    assert_eq!((st.completed, st.completed_5m, st.leased), (0, 0, 1));
+    s.complete(&lease, |w| w.insert(&shipped(&input))).unwrap();
+    let st = s.queue_stats("ship").unwrap();
+    assert_eq!((st.completed, st.completed_5m, st.leased), (1, 1, 0));
+}
+
+#[test]
+fn a_batch_handler_that_completes_another_leases_input_makes_that_lease_lost() {
+    let clock = ManualClock::starting_at(T0);
+    let s = store_with(&clock);
+    s.declare_queue(&orders_spec()).unwrap();
+    for n in 0..2 {
+        s.insert(&order(n, &[])).unwrap();
+    }
+    let leases = s.claim("ship", 2).unwrap();
+    let second = leases[1].input.clone();
+    let mut ran = Vec::new();
+    let results = s
+        .complete_batch(&leases, |w, lease| {
+            ran.push(lease.input.hash());
+            w.insert(&shipped(&lease.input))?;
+            w.insert(&shipped(&second))?;
+            Ok(())
+        })
+        .unwrap();
+    assert!(results[0].is_ok());
+    assert!(
+        matches!(results[1], Err(Error::LeaseLost { .. })),
+        "{:?}",
+        results[1]
+    );
+    assert_eq!(
+        ran,
+        vec![leases[0].input.hash()],
+        "the lost lease's handler never ran"
+    );
+    assert_eq!(s.queue_stats("ship").unwrap().completed, 2);
 }

@@ -9,7 +9,7 @@ use crate::args;
 use crate::error::{Error, Result};
 use crate::fact::{Fact, Value};
 use crate::hash::FactHash;
-use crate::queue::{ItemState, Ordering, QueueSpec, system};
+use crate::queue::{ItemState, Ordering, QueueSpec, state_code, system};
 use crate::store::{HookCtx, ReadTx, ReleaseHook, SqlExt, StoreOptions, TxState};
 
 /// The release hook that keeps the queue index.
@@ -48,6 +48,26 @@ impl ReleaseHook for QueueIndex {
     fn before_commit(&self, ctx: &mut HookCtx<'_>) -> Result<()> {
         flush_rates(ctx.tx, ctx.state)
     }
+
+    fn savepoint_opened(&self, state: &mut TxState) {
+        let qtx = state.get::<QueueTx>();
+        let mark = (qtx.rates.len(), qtx.ended.len());
+        qtx.savepoints.push(mark);
+    }
+
+    fn savepoint_closed(&self, state: &mut TxState, rolled_back: bool) {
+        let qtx = state.get::<QueueTx>();
+        let Some((rates, ended)) = qtx.savepoints.pop() else {
+            return;
+        };
+        if rolled_back {
+            // What the savepoint wrote is gone: so are the counts and endings it gathered,
+            // and the declarations it may have read are read again.
+            qtx.rates.truncate(rates);
+            qtx.ended.truncate(ended);
+            qtx.checked = false;
+        }
+    }
 }
 
 /// The store's queue declarations, as of the `queues` counter they were read at, and the
@@ -63,9 +83,14 @@ pub(crate) struct QueueCache {
 pub(crate) struct QueueTx {
     /// Whether the declarations were checked for this transaction.
     pub(crate) checked: bool,
-    /// Completions and failures to add to the per-minute rates at commit:
-    /// (queue id, minute, completed, failed).
+    /// Completions and failures to add to the per-minute rates (and completions to the
+    /// queue's counter) at commit: (queue id, minute, completed, failed).
     pub(crate) rates: Vec<(i64, i64, i64, i64)>,
+    /// The inputs ended in this transaction, as (queue id, seq), in order: whether a
+    /// handler completed its input is read here rather than from the database.
+    pub(crate) ended: Vec<(i64, i64)>,
+    /// The lengths of `rates` and `ended` at each open savepoint.
+    savepoints: Vec<(usize, usize)>,
 }
 
 /// The queue index at work in one transaction: its reads and SQL, the clock reading, the
@@ -265,12 +290,21 @@ impl Ix<'_> {
                 };
                 let now = self.now;
                 self.tx.execute(
-                    "UPDATE queue_item SET
-                             state = CASE WHEN blockers > 0 THEN 2 ELSE 0 END,
+                    concat!(
+                        "UPDATE queue_item SET state = CASE WHEN blockers > 0 THEN ",
+                        state_code!(Blocked),
+                        " ELSE ",
+                        state_code!(Ready),
+                        " END,
                              claimable_at = CASE WHEN blockers > 0 THEN NULL ELSE ?4 END,
                              attempts = 0, first_attempt_at = NULL, lease_token = NULL,
                              last_error = NULL, entry = NULL
-                         WHERE queue_id = ?1 AND input = ?2 AND entry = ?3 AND state IN (3, 4)",
+                         WHERE queue_id = ?1 AND input = ?2 AND entry = ?3 AND state IN (",
+                        state_code!(Dead),
+                        ", ",
+                        state_code!(Poison),
+                        ")"
+                    ),
                     args![q.id, input_seq, entry_seq, now],
                 )?;
             }
@@ -380,41 +414,75 @@ impl Ix<'_> {
     }
 
     /// Ends an input: drops its local state and unblocks the inputs that waited for it.
+    ///
+    /// This runs for every completing fact, so it pays only for what the input needs: one
+    /// probe finds its seq and item row together, the blocks it waits for are deleted only
+    /// if it has any (`blockers` counts them), and those it imposes are read before they
+    /// are deleted (a `DELETE .. RETURNING` costs SQLite a temporary table every time,
+    /// several times the probe). The completed counter is added up at commit.
     pub(crate) fn end_input(&mut self, q: &QueueDef, input: &FactHash, how: End) -> Result<()> {
-        let Some(seq) = self.released_seq(input)? else {
+        let item: Option<(i64, i64)> = self.tx.query_opt(
+            // CROSS JOIN keeps the hash probe outermost, and the parameters are hidden
+            // from the planner (`+?N`): when it looks at their values (to tell whether
+            // the partial claimable index applies) the statement is prepared again on
+            // every run.
+            "SELECT i.input, i.blockers FROM fact f
+             CROSS JOIN queue_item i ON i.queue_id = +?1 AND i.input = f.seq
+             WHERE f.hash = +?2",
+            args![q.id, input],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let Some((seq, blockers)) = item else {
             return Ok(());
         };
-        let removed = self.tx.execute(
+        self.tx.execute(
             "DELETE FROM queue_item WHERE queue_id = ?1 AND input = ?2",
             args![q.id, seq],
         )?;
-        if removed == 0 {
-            return Ok(());
+        if blockers > 0 {
+            self.tx.execute(
+                "DELETE FROM queue_block WHERE queue_id = ?1 AND blocked = ?2",
+                args![q.id, seq],
+            )?;
         }
-        self.tx.execute(
-            "DELETE FROM queue_block WHERE queue_id = ?1 AND blocked = ?2",
-            args![q.id, seq],
-        )?;
         let waiting: Vec<i64> = self.tx.query_vec(
-            "DELETE FROM queue_block WHERE queue_id = ?1 AND blocker = ?2 RETURNING blocked",
+            "SELECT blocked FROM queue_block WHERE queue_id = ?1 AND blocker = ?2",
             args![q.id, seq],
             |r| r.get(0),
         )?;
+        if !waiting.is_empty() {
+            self.tx.execute(
+                "DELETE FROM queue_block WHERE queue_id = ?1 AND blocker = ?2",
+                args![q.id, seq],
+            )?;
+        }
+        self.state.get::<QueueTx>().ended.push((q.id, seq));
         let now = self.now;
         for blocked in waiting {
-            self.tx
-                .execute("UPDATE queue_item SET blockers = blockers - 1,
-                         state = CASE WHEN blockers = 1 AND state = 2 THEN 0 ELSE state END,
-                         claimable_at = CASE WHEN blockers = 1 AND state = 2 THEN ?3 ELSE claimable_at END
-                     WHERE queue_id = ?1 AND input = ?2", args![q.id, blocked, now])?;
+            self.tx.execute(
+                concat!(
+                    "UPDATE queue_item SET blockers = blockers - 1,
+                         state = CASE WHEN blockers = 1 AND state = ",
+                    state_code!(Blocked),
+                    " THEN ",
+                    state_code!(Ready),
+                    " ELSE state END,
+                         claimable_at = CASE WHEN blockers = 1 AND state = ",
+                    state_code!(Blocked),
+                    " THEN ?3 ELSE claimable_at END
+                     WHERE queue_id = ?1 AND input = ?2"
+                ),
+                args![q.id, blocked, now],
+            )?;
         }
-        let column = match how {
-            End::Completed => "UPDATE queue SET completed = completed + 1 WHERE id = ?1",
-            End::Discarded => "UPDATE queue SET discarded = discarded + 1 WHERE id = ?1",
-        };
-        self.tx.execute(column, args![q.id])?;
-        if how == End::Completed {
-            self.bump_rate(q.id, "completed");
+        match how {
+            End::Completed => self.bump_rate(q.id, "completed"),
+            End::Discarded => {
+                self.tx.execute(
+                    "UPDATE queue SET discarded = discarded + 1 WHERE id = ?1",
+                    args![q.id],
+                )?;
+            }
         }
         Ok(())
     }
@@ -436,8 +504,8 @@ pub(crate) fn bump_rate(state: &mut TxState, now: i64, queue_id: i64, what: &str
         .push((queue_id, minute, completed, 1 - completed));
 }
 
-/// Writes the rate counts gathered in this transaction and drops buckets older than an
-/// hour.
+/// Writes the rate counts gathered in this transaction, adds its completions to each
+/// queue's counter, and drops buckets older than an hour.
 fn flush_rates(tx: &dyn ReadTx, state: &mut TxState) -> Result<()> {
     let rates = std::mem::take(&mut state.get::<QueueTx>().rates);
     if rates.is_empty() {
@@ -448,6 +516,16 @@ fn flush_rates(tx: &dyn ReadTx, state: &mut TxState) -> Result<()> {
         let e = sums.entry((q, minute)).or_default();
         e.0 += c;
         e.1 += f;
+    }
+    let mut completed: std::collections::BTreeMap<i64, i64> = Default::default();
+    for (&(q, _), &(c, _)) in &sums {
+        *completed.entry(q).or_default() += c;
+    }
+    for (q, c) in completed.into_iter().filter(|&(_, c)| c > 0) {
+        tx.execute(
+            "UPDATE queue SET completed = completed + ?2 WHERE id = ?1",
+            args![q, c],
+        )?;
     }
     for (&(q, minute), &(c, f)) in &sums {
         tx.execute(

@@ -318,7 +318,30 @@ pub enum ItemState {
     Poison,
 }
 
+/// The stored code of an item state as a string literal, for SQL written with `concat!`
+/// (so statements stay static text, prepared once): `state_code!(Leased)` is `"1"`. It
+/// mirrors [`ItemState::code`]; a test holds the two equal.
+macro_rules! state_code {
+    (Ready) => {
+        "0"
+    };
+    (Leased) => {
+        "1"
+    };
+    (Blocked) => {
+        "2"
+    };
+    (Dead) => {
+        "3"
+    };
+    (Poison) => {
+        "4"
+    };
+}
+pub(crate) use state_code;
+
 impl ItemState {
+    /// The code stored in `queue_item.state` (see `schema/002_queues.sql`).
     pub(crate) fn code(self) -> i64 {
         match self {
             ItemState::Ready => 0,
@@ -508,6 +531,21 @@ mod tests {
         assert_eq!(spec.backoff_ms(3, 0.5), 2000);
         assert_eq!(spec.backoff_ms(30, 1.0), 5 * 60 * 1000);
         assert_eq!(spec.backoff_ms(30, 0.0), 0);
+    }
+
+    #[test]
+    fn state_codes_in_sql_are_the_stored_codes() {
+        let in_sql = [
+            (ItemState::Ready, state_code!(Ready)),
+            (ItemState::Leased, state_code!(Leased)),
+            (ItemState::Blocked, state_code!(Blocked)),
+            (ItemState::Dead, state_code!(Dead)),
+            (ItemState::Poison, state_code!(Poison)),
+        ];
+        for (state, text) in in_sql {
+            assert_eq!(text.parse::<i64>().unwrap(), state.code(), "{state:?}");
+            assert_eq!(ItemState::from_code(state.code()), Some(state));
+        }
     }
 
     #[test]

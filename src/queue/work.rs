@@ -10,7 +10,7 @@ use crate::fact::Fact;
 use crate::hash::FactHash;
 use crate::queue::{
     Breach, FailOutcome, Failure, ItemInfo, ItemState, Lease, QueueSpec, QueueStats, Semantics,
-    system,
+    state_code, system,
 };
 use crate::store::{ReadTx, SqlExt, Store, Writer};
 
@@ -19,6 +19,10 @@ fn unknown(name: &str) -> Error {
         name: name.to_string(),
     }
 }
+
+/// A claimable item as a claim reads it: its input's seq, state, attempts, first attempt
+/// and, when the input is released, its hash and canonical bytes.
+type ClaimRow = (i64, i64, i64, Option<i64>, Option<(FactHash, Vec<u8>)>);
 
 /// Runs `f` on the queue index in `w`'s transaction, then inserts the facts it asked for.
 pub(crate) fn with_index<T>(
@@ -57,19 +61,24 @@ impl Writer<'_> {
         defs_for(tx, state, &cache)
     }
 
-    fn queue(&mut self, name: &str) -> Result<Arc<QueueDefs>> {
+    /// The declarations, and the index of queue `name` in them.
+    fn queue(&mut self, name: &str) -> Result<(Arc<QueueDefs>, usize)> {
         let defs = self.queue_defs()?;
-        if defs.by_name(name).is_none() {
-            return Err(unknown(name));
-        }
-        Ok(defs)
+        let at = defs.queues.iter().position(|q| q.spec.name == name);
+        let at = at.ok_or_else(|| unknown(name))?;
+        Ok((defs, at))
     }
 
     /// Checks that `lease` is still the live lease on its input.
     fn check_lease(&self, lease: &Lease) -> Result<()> {
-        let held = self
-            .sql()
-            .exists("SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2 AND lease_token = ?3 AND state = 1", args![lease.queue_id, lease.seq, lease.token])?;
+        let held = self.sql().exists(
+            concat!(
+                "SELECT 1 FROM queue_item
+                     WHERE queue_id = ?1 AND input = ?2 AND lease_token = ?3 AND state = ",
+                state_code!(Leased)
+            ),
+            args![lease.queue_id, lease.seq, lease.token],
+        )?;
         if held {
             Ok(())
         } else {
@@ -112,32 +121,37 @@ impl Writer<'_> {
         Ok(fact.hash())
     }
 
-    fn input_at(&self, seq: i64) -> Result<Fact> {
-        self.sql().fact_at(seq)?.ok_or_else(|| Error::Queue {
-            queue: String::new(),
-            reason: format!("queue item names seq {seq}, which is not a released fact"),
-        })
-    }
-
     /// Claims up to `n` ready inputs of `queue` (see [`Store::claim`]).
     ///
     /// # Errors
     /// [`Error::UnknownQueue`], [`Error::Backend`].
     pub fn claim(&mut self, queue: &str, n: usize) -> Result<Vec<Lease>> {
-        let defs = self.queue(queue)?;
-        let q = defs.by_name(queue).expect("checked");
+        let (defs, at) = self.queue(queue)?;
+        let q = &defs.queues[at];
         let now = self.now_ms();
         let mut leases = Vec::new();
         while leases.len() < n {
-            let rows: Vec<(i64, i64, i64, Option<i64>)> = self
-                .sql()
-                .query_vec("SELECT input, state, attempts, first_attempt_at FROM queue_item
-                     WHERE queue_id = ?1 AND claimable_at <= ?2 ORDER BY claimable_at, input LIMIT ?3", args![q.id, now, (n - leases.len()) as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+            // The input's bytes come with its item row: one statement per claim, not one
+            // per claimed input.
+            let rows: Vec<ClaimRow> = self.sql().query_vec(
+                "SELECT i.input, i.state, i.attempts, i.first_attempt_at, f.hash, f.bytes
+                     FROM queue_item i LEFT JOIN fact f ON f.seq = i.input
+                     WHERE i.queue_id = ?1 AND i.claimable_at <= ?2
+                     ORDER BY i.claimable_at, i.input LIMIT ?3",
+                args![q.id, now, (n - leases.len()) as i64],
+                |r| {
+                    let fact = match r.value(4)? {
+                        crate::store::ValueRef::Null => None,
+                        _ => Some((r.hash(4)?, r.get(5)?)),
+                    };
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, fact))
+                },
+            )?;
             if rows.is_empty() {
                 break;
             }
-            for (seq, state, attempts, first) in rows {
-                let input = self.input_at(seq)?;
+            for (seq, state, attempts, first, fact) in rows {
+                let input = input_from(q, seq, fact)?;
                 let out_of_attempts = attempts >= q.spec.retry.max_attempts as i64;
                 let too_old = first.is_some_and(|f| now - f >= q.spec.retry.max_age_ms);
                 if out_of_attempts || too_old {
@@ -153,9 +167,9 @@ impl Writer<'_> {
                 let token = rng(self, |r| r.i64(..));
                 let expires = now + q.spec.lease_ms;
                 self.sql()
-                    .execute("UPDATE queue_item SET state = 1, attempts = attempts + 1,
+                    .execute(concat!("UPDATE queue_item SET state = ", state_code!(Leased), ", attempts = attempts + 1,
                              first_attempt_at = coalesce(first_attempt_at, ?3), lease_token = ?4, claimable_at = ?5
-                         WHERE queue_id = ?1 AND input = ?2", args![q.id, seq, now, token, expires])?;
+                         WHERE queue_id = ?1 AND input = ?2"), args![q.id, seq, now, token, expires])?;
                 let completion = q.spec.completions[0].clone();
                 if q.spec.semantics == Semantics::AtMostOnce {
                     let delivered = Fact::builder(system::DELIVERED)
@@ -186,40 +200,35 @@ impl Writer<'_> {
     /// [`Store::complete`] and [`Store::complete_batch`].
     ///
     /// # Errors
-    /// [`Error::LeaseLost`], [`Error::NotCompleted`], or the handler's error.
+    /// [`Error::UnknownQueue`], [`Error::LeaseLost`], [`Error::NotCompleted`], or the
+    /// handler's error.
     pub fn complete<T>(
         &mut self,
         lease: &Lease,
         handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
     ) -> Result<T> {
-        let rates = self.state::<QueueTx>().rates.len();
-        let result = self.savepoint(|w| w.complete_in_savepoint(lease, handler));
-        if result.is_err() {
-            // What the savepoint wrote is gone: so are the rate counts it gathered, and
-            // the declarations it may have read are read again.
-            let qtx = self.state::<QueueTx>();
-            qtx.rates.truncate(rates);
-            uncheck(self.split().1);
-        }
-        result
+        let (defs, at) = self.queue(&lease.queue)?;
+        let semantics = defs.queues[at].spec.semantics;
+        self.savepoint(|w| w.complete_in_savepoint(lease, semantics, handler))
     }
 
     fn complete_in_savepoint<T>(
         &mut self,
         lease: &Lease,
+        semantics: Semantics,
         handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
     ) -> Result<T> {
-        let defs = self.queue(&lease.queue)?;
-        let q = defs.by_name(&lease.queue).expect("checked");
-        if q.spec.semantics == Semantics::AtLeastOnce {
+        if semantics == Semantics::AtLeastOnce {
             self.check_lease(lease)?;
         }
+        let ended_before = self.state::<QueueTx>().ended.len();
         let value = handler(self)?;
-        let pending = self.sql().exists(
-            "SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2",
-            args![lease.queue_id, lease.seq],
-        )?;
-        if pending {
+        // An item row goes only when its input ends, and the index notes every ending (a
+        // rolled-back one is forgotten with its savepoint), so the handler completed the
+        // input if it ended since the handler began. An at-most-once input ended when it
+        // was claimed: the handler owes it no completion.
+        let ended = &self.state::<QueueTx>().ended[ended_before..];
+        if semantics == Semantics::AtLeastOnce && !ended.contains(&(lease.queue_id, lease.seq)) {
             return Err(Error::NotCompleted {
                 queue: lease.queue.clone(),
                 input: lease.input.hash(),
@@ -233,8 +242,8 @@ impl Writer<'_> {
     /// # Errors
     /// [`Error::LeaseLost`] if the lease is no longer held.
     pub fn fail(&mut self, lease: &Lease, failure: &Failure) -> Result<FailOutcome> {
-        let defs = self.queue(&lease.queue)?;
-        let q = defs.by_name(&lease.queue).expect("checked");
+        let (defs, at) = self.queue(&lease.queue)?;
+        let q = &defs.queues[at];
         if q.spec.semantics == Semantics::AtMostOnce {
             return Ok(FailOutcome::Dropped);
         }
@@ -274,13 +283,31 @@ impl Writer<'_> {
                     )?));
                 }
                 let at = now + q.spec.backoff_ms(attempts as u32, rng(self, |r| r.f64()));
-                self.sql()
-                    .execute("UPDATE queue_item SET state = 0, claimable_at = ?3, lease_token = NULL, last_error = ?4
-                         WHERE queue_id = ?1 AND input = ?2", args![q.id, lease.seq, at, reason])?;
+                self.sql().execute(
+                    concat!(
+                        "UPDATE queue_item SET state = ",
+                        state_code!(Ready),
+                        ", claimable_at = ?3, lease_token = NULL, last_error = ?4
+                         WHERE queue_id = ?1 AND input = ?2"
+                    ),
+                    args![q.id, lease.seq, at, reason],
+                )?;
                 Ok(FailOutcome::Retry { at_ms: at })
             }
         }
     }
+}
+
+/// The input of queue item `seq` from its fact row's hash and bytes (`None`: no row).
+fn input_from(q: &QueueDef, seq: i64, row: Option<(FactHash, Vec<u8>)>) -> Result<Fact> {
+    let (hash, bytes) = row.ok_or_else(|| Error::Queue {
+        queue: q.spec.name.clone(),
+        reason: format!("queue item names seq {seq}, which is not a released fact"),
+    })?;
+    crate::encoding::decode_fact(&bytes, Some(hash)).map_err(|e| Error::Corrupt {
+        hash,
+        reason: e.to_string(),
+    })
 }
 
 /// The input a hash names in queue `id`: the hash itself if it is an unfinished input, or
@@ -457,10 +484,20 @@ impl Store {
         mut handler: impl FnMut(&mut Writer<'_>, &Lease) -> Result<()>,
     ) -> Result<Vec<Result<()>>> {
         self.write(|w| {
-            Ok(leases
-                .iter()
-                .map(|lease| w.complete(lease, |w| handler(w, lease)))
-                .collect())
+            // The declarations are read once for the batch: none can change inside the
+            // transaction (declaring is a transaction of its own).
+            let defs = w.queue_defs()?;
+            let mut results = Vec::with_capacity(leases.len());
+            for lease in leases {
+                let result = match defs.by_name(&lease.queue) {
+                    None => Err(unknown(&lease.queue)),
+                    Some(q) => w.savepoint(|w| {
+                        w.complete_in_savepoint(lease, q.spec.semantics, |w| handler(w, lease))
+                    }),
+                };
+                results.push(result);
+            }
+            Ok(results)
         })
     }
 
@@ -493,10 +530,10 @@ impl Store {
             w.check_lease(&lease)?;
             let now = w.now_ms();
             w.sql()
-                .execute("UPDATE queue_item SET state = 0, claimable_at = ?3, lease_token = NULL,
+                .execute(concat!("UPDATE queue_item SET state = ", state_code!(Ready), ", claimable_at = ?3, lease_token = NULL,
                          attempts = attempts - 1,
                          first_attempt_at = CASE WHEN attempts = 1 THEN NULL ELSE first_attempt_at END
-                     WHERE queue_id = ?1 AND input = ?2", args![lease.queue_id, lease.seq, now])?;
+                     WHERE queue_id = ?1 AND input = ?2"), args![lease.queue_id, lease.seq, now])?;
             Ok(())
         })
     }
@@ -556,8 +593,8 @@ impl Store {
 
     fn entry_of(&self, id: i64, hash: &FactHash) -> Result<Option<FactHash>> {
         self.read(|r| {
-            r.query_opt("SELECT e.hash FROM queue_item i JOIN fact f ON f.seq = i.input JOIN fact e ON e.seq = i.entry
-                 WHERE i.queue_id = ?1 AND i.state IN (3, 4) AND (f.hash = ?2 OR e.hash = ?2)", args![id, hash], |r| r.hash(0))
+            r.query_opt(concat!("SELECT e.hash FROM queue_item i JOIN fact f ON f.seq = i.input JOIN fact e ON e.seq = i.entry
+                 WHERE i.queue_id = ?1 AND i.state IN (", state_code!(Dead), ", ", state_code!(Poison), ") AND (f.hash = ?2 OR e.hash = ?2)"), args![id, hash], |r| r.hash(0))
         })
     }
 

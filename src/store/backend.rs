@@ -564,6 +564,19 @@ pub trait ReleaseHook: Send + Sync {
         let _ = ctx;
         Ok(())
     }
+
+    /// A savepoint ([`super::Writer::savepoint`]) was opened: state the hook keeps in
+    /// [`super::TxState`] can note where it stands, to go back there if the savepoint is
+    /// rolled back.
+    fn savepoint_opened(&self, state: &mut super::TxState) {
+        let _ = state;
+    }
+
+    /// The savepoint opened last was closed: kept (`rolled_back` false) or rolled back,
+    /// when what was written in it is gone and so should be what the hook gathered in it.
+    fn savepoint_closed(&self, state: &mut super::TxState, rolled_back: bool) {
+        let _ = (state, rolled_back);
+    }
 }
 
 /// What a release hook sees: the transaction's SQL and reads, its per-transaction state,

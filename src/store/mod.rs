@@ -613,16 +613,20 @@ impl<'a> Writer<'a> {
     /// Whatever `f` returns; [`Error::Backend`].
     pub fn savepoint<T>(&mut self, f: impl FnOnce(&mut Writer<'a>) -> Result<T>) -> Result<T> {
         self.tx.savepoint()?;
-        match f(self) {
-            Ok(v) => {
-                self.tx.release_savepoint()?;
-                Ok(v)
-            }
-            Err(e) => {
-                self.tx.rollback_savepoint()?;
-                Err(e)
-            }
+        let hooks = &self.store.options.release_hooks;
+        for hook in hooks {
+            hook.savepoint_opened(&mut self.state);
         }
+        let result = f(self);
+        match &result {
+            Ok(_) => self.tx.release_savepoint()?,
+            Err(_) => self.tx.rollback_savepoint()?,
+        }
+        // Told after the database, so that a hook sees the savepoint's fate as it is.
+        for hook in hooks {
+            hook.savepoint_closed(&mut self.state, result.is_err());
+        }
+        result
     }
 
     fn commit(mut self) -> Result<()> {
