@@ -30,6 +30,17 @@ impl Default for StoreOptions {
 
 impl ReleaseHook for QueueIndex {
     fn on_release(&self, ctx: &mut HookCtx<'_>, fact: &Fact, seq: i64) -> Result<()> {
+        // A store with no queue pays one lookup per released fact once the transaction
+        // has read the declarations (a load of a million facts releases a million).
+        if ctx
+            .state
+            .get::<QueueTx>()
+            .defs
+            .as_ref()
+            .is_some_and(|d| d.queues.is_empty())
+        {
+            return Ok(());
+        }
         let cache = ctx.store().extension::<QueueCache>();
         let mut q = Ix {
             tx: ctx.tx,
@@ -65,7 +76,7 @@ impl ReleaseHook for QueueIndex {
             // and the declarations it may have read are read again.
             qtx.rates.truncate(rates);
             qtx.ended.truncate(ended);
-            qtx.checked = false;
+            qtx.defs = None;
         }
     }
 }
@@ -81,8 +92,9 @@ pub(crate) struct QueueCache {
 /// What the queue code keeps for one write transaction.
 #[derive(Default)]
 pub(crate) struct QueueTx {
-    /// Whether the declarations were checked for this transaction.
-    pub(crate) checked: bool,
+    /// The declarations as this transaction read them: `None` until they are read, and
+    /// again after a declaration changes or a savepoint rolls back.
+    pub(crate) defs: Option<Arc<QueueDefs>>,
     /// Completions and failures to add to the per-minute rates (and completions to the
     /// queue's counter) at commit: (queue id, minute, completed, failed).
     pub(crate) rates: Vec<(i64, i64, i64, i64)>,
@@ -174,21 +186,18 @@ pub(crate) fn defs_for(
     state: &mut TxState,
     cache: &QueueCache,
 ) -> Result<Arc<QueueDefs>> {
-    let qtx = state.get::<QueueTx>();
-    if qtx.checked
-        && let Some(d) = &*cache.defs.lock().unwrap_or_else(|e| e.into_inner())
-    {
+    if let Some(d) = &state.get::<QueueTx>().defs {
         return Ok(d.clone());
     }
     let defs = load_defs(tx, cache)?;
-    state.get::<QueueTx>().checked = true;
+    state.get::<QueueTx>().defs = Some(defs.clone());
     Ok(defs)
 }
 
 /// Forgets that this transaction checked the declarations (after a declaration changed,
 /// or a savepoint rolled back).
 pub(crate) fn uncheck(state: &mut TxState) {
-    state.get::<QueueTx>().checked = false;
+    state.get::<QueueTx>().defs = None;
 }
 
 impl Ix<'_> {
