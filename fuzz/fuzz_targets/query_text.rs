@@ -18,7 +18,7 @@ thread_local! {
 }
 
 fn small_store() -> (Store, Vec<Fact>) {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let shop = Fact::builder("Shop")
         .field("name", "corner")
         .build()

@@ -30,7 +30,7 @@ thread_local! {
 }
 
 fn seeded_store() -> Store {
-    let mut store = Store::open_in_memory().unwrap();
+    let store = Store::open_in_memory().unwrap();
     let shop = Fact::builder("Shop")
         .field("name", "corner")
         .build()
