@@ -214,10 +214,12 @@ impl<'a> SqliteWrite<'a> {
     ///
     /// # Errors
     /// [`Error::HeldLimit`] if the fact would be held past the bound; [`Error::Backend`].
+    ///
+    /// A new fact is not looked up first: a released duplicate has every predecessor
+    /// released, so it reaches the fact table's unique hash, which tells it at insertion,
+    /// and a held one is found by the hold. So a new fact (a queue completion, an effect)
+    /// costs one index search less, and a duplicate one per predecessor more.
     fn insert(&mut self, fact: &Fact, hooks: &mut HookRunner<'_>) -> Result<InsertOutcome> {
-        if let Some(seq) = self.released_seq(&fact.hash())? {
-            return Ok(InsertOutcome::Duplicate { seq: Some(seq) });
-        }
         self.insert_unreleased(fact, hooks)
     }
 
