@@ -3,7 +3,7 @@
 //! watch thread ends, giving its share of the store back, once the receiving end goes.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use precedent::query::watch::{CHANNEL_CAPACITY, WatchHandle};
 use precedent::query::{Change, Watch};
@@ -138,6 +138,8 @@ fn a_stopped_watch_comes_back_current_and_goes_on_polling() {
 
 #[cfg(feature = "server")]
 mod stream {
+    use std::time::Instant;
+
     use futures_util::StreamExt;
 
     use super::*;
@@ -200,6 +202,22 @@ mod stream {
         tokio::time::sleep(Duration::from_millis(120)).await;
         assert_eq!(Arc::strong_count(&store), 2, "the thread holds the store");
         drop(stream);
+        wait_until_alone(&store).await;
+    }
+
+    #[tokio::test]
+    async fn stopping_a_watch_stream_whose_channel_is_full_gives_the_watch_back() {
+        let store = Arc::new(Store::open_in_memory().unwrap());
+        let shop = shop();
+        let mut stream = watch_orders(&store, &shop)
+            .into_stream(store.clone())
+            .unwrap();
+        let n = CHANNEL_CAPACITY + 10;
+        let orders = (0..n as i64).map(|id| order(&shop, id)).collect();
+        store.insert_batch(orders).unwrap();
+        assert_eq!(next_id(&mut stream).await, 0);
+        let watch = tokio::time::timeout(BOUND, stream.stop()).await;
+        assert_eq!(watch.expect("the stop ends").results().len(), n);
         wait_until_alone(&store).await;
     }
 }
