@@ -64,8 +64,10 @@
 //! - [`store`]: the fact core: [`Store`], [`Writer`], the backend seam
 //!   ([`store::Backend`], [`store::ReadTx`], [`store::WriteTx`], [`store::Sql`],
 //!   [`store::ReleaseHook`]) and the SQLite backend ([`store::SqliteBackend`]).
-//! - [`query`]: queries (text syntax, builder) compiled to SQL and run through the seam;
-//!   typed facts; live watches.
+//! - [`query`]: queries (text syntax, builder) compiled to SQL and run through the seam,
+//!   results streamed or collected; typed facts; live watches, polled, iterated, on a
+//!   thread of their own ([`query::WatchHandle`]) or as an async stream (feature
+//!   `server`).
 //! - [`queue`]: work queues on the store: declarations, the pending index (a release
 //!   hook), leases, failures, stats.
 //! - [`sync`]: replication between nodes over HTTP: wire format, server, client, and

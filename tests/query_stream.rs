@@ -3,8 +3,6 @@
 //! per iterator while others write; `precedent query` printing before it has read
 //! everything.
 
-use std::time::Duration;
-
 use precedent::query::{Givens, Query, QueryRow};
 use precedent::{Fact, FactHash, Store, Value};
 use proptest::prelude::*;
@@ -222,7 +220,7 @@ fn the_query_command_prints_its_first_result_before_it_has_read_the_last() {
     out.read_line(&mut first).unwrap();
     assert_eq!(first.trim(), "[]");
     // Long enough for a command that had finished computing to exit.
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(
         child.try_wait().unwrap().is_none(),
         "the command had finished by the time its first result was read"

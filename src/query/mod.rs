@@ -60,7 +60,9 @@ pub use run::{Givens, Projected, QueryRow};
 pub use stream::{DEFAULT_PAGE, QueryIter};
 pub use typed::{Arity, FactType, Ref};
 pub use value::Op;
-pub use watch::{Change, Changes, Stop, Watch};
+#[cfg(feature = "server")]
+pub use watch::WatchStream;
+pub use watch::{Change, Changes, Stop, Watch, WatchHandle};
 
 /// A query that does not parse or does not check.
 #[derive(Clone, Debug, PartialEq, Eq)]

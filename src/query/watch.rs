@@ -39,6 +39,7 @@
 //! results the new facts are connected to through the collection's joins; those results
 //! are projected again, and reported as [`Change::Updated`] when their value changed.
 
+mod channel;
 mod deliver;
 mod inverse;
 
@@ -50,6 +51,9 @@ use super::run::Reader;
 use super::run::{Givens, QueryRow, top_plan};
 use crate::error::Result;
 use crate::store::Store;
+#[cfg(feature = "server")]
+pub use channel::WatchStream;
+pub use channel::{CHANNEL_CAPACITY, WatchHandle};
 pub use deliver::{Changes, Stop};
 use inverse::{Compiled, Finds, Inverse, steady};
 
