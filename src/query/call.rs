@@ -15,7 +15,7 @@
 //! #[fact(type = "Shop.Order")]
 //! struct Order { shop: Ref<Shop>, id: u64 }
 //!
-//! let mut store = Store::open_in_memory()?;
+//! let store = Store::open_in_memory()?;
 //! let shop = store.save(&Shop { name: "corner".into() })?;
 //! let order = store.save(&Order { shop, id: 7 })?;
 //!
@@ -113,7 +113,7 @@ impl<'s> PreparedQuery<'s> {
     ///
     /// ```
     /// # use precedent::{Fact, Store};
-    /// # let mut store = Store::open_in_memory()?;
+    /// # let store = Store::open_in_memory()?;
     /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
     /// store.insert(&shop)?;
     /// let q = store.prepare("given s: Shop match o: Shop.Order where o->shop = s select o")?;
@@ -162,7 +162,7 @@ impl<'s> PreparedQuery<'s> {
     ///
     /// ```
     /// # use precedent::{Fact, Store};
-    /// # let mut store = Store::open_in_memory()?;
+    /// # let store = Store::open_in_memory()?;
     /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
     /// let order = Fact::builder("Shop.Order").field("id", 1).predecessor("shop", shop.hash()).build()?;
     /// store.insert_batch(vec![shop.clone(), order])?;
@@ -228,7 +228,7 @@ impl<'s> PreparedQuery<'s> {
     /// #[derive(Deserialize, Debug, PartialEq)]
     /// struct OrderView { id: u64, shop: String }
     ///
-    /// # let mut store = Store::open_in_memory()?;
+    /// # let store = Store::open_in_memory()?;
     /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
     /// let order = Fact::builder("Shop.Order").field("id", 1).predecessor("shop", shop.hash()).build()?;
     /// store.insert_batch(vec![shop.clone(), order])?;
@@ -260,7 +260,7 @@ impl<'s> PreparedQuery<'s> {
     ///
     /// ```
     /// # use precedent::{Fact, Store};
-    /// # let mut store = Store::open_in_memory()?;
+    /// # let store = Store::open_in_memory()?;
     /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
     /// store.insert(&shop)?;
     /// let mut watch = store

@@ -5,7 +5,7 @@
 //! use precedent::{Fact, Store};
 //! use precedent::query::{Givens, Query};
 //!
-//! let mut store = Store::open_in_memory()?;
+//! let store = Store::open_in_memory()?;
 //! let shop = Fact::builder("Shop").field("name", "corner").build()?;
 //! let order = Fact::builder("Shop.Order").field("id", 1).predecessor("shop", shop.hash()).build()?;
 //! store.insert_batch(vec![shop.clone(), order.clone()])?;

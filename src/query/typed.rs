@@ -24,7 +24,7 @@
 //!     const PREDECESSORS: &'static [(&'static str, Arity)] = &[("shop", Arity::One)];
 //! }
 //!
-//! let mut store = Store::open_in_memory()?;
+//! let store = Store::open_in_memory()?;
 //! let shop = store.save(&Shop { name: "corner".into() })?;
 //! let order = store.save(&Order { shop, id: 7 })?;
 //! assert_eq!(store.load(order)?, Order { shop, id: 7 });
@@ -53,7 +53,7 @@
 //!     id: u64,
 //! }
 //!
-//! let mut store = Store::open_in_memory()?;
+//! let store = Store::open_in_memory()?;
 //! let shop = store.save(&Shop { name: "corner".into() })?;
 //! let order = store.save(&Order { shop, id: 7 })?;
 //! assert_eq!(store.load(order)?, Order { shop, id: 7 });
@@ -320,7 +320,7 @@ impl Writer<'_> {
     /// #[fact(type = "Shop.Order")]
     /// struct Order { shop: Ref<Shop>, id: u64 }
     ///
-    /// let mut store = Store::open_in_memory()?;
+    /// let store = Store::open_in_memory()?;
     /// // The shop and its order commit together, or not at all.
     /// let (shop, order) = store.write(|w| {
     ///     let shop = w.save(&Shop { name: "corner".into() })?;

@@ -23,7 +23,7 @@ impl QueryRow {
     /// #[derive(Deserialize, Debug, PartialEq)]
     /// struct OrderView { id: u64, total: f64 }
     ///
-    /// let mut store = Store::open_in_memory()?;
+    /// let store = Store::open_in_memory()?;
     /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
     /// let order = Fact::builder("Shop.Order")
     ///     .field("id", 7).field("total", 2.5).predecessor("shop", shop.hash()).build()?;

@@ -12,7 +12,7 @@
 //! use precedent::Store;
 //! use precedent::sync::client::{Client, ClientOptions, SyncOptions};
 //!
-//! let mut store = Store::open("laptop.db")?;
+//! let store = Store::open("laptop.db")?;
 //! let client = Client::new("http://127.0.0.1:7341", ClientOptions::default())?;
 //! let report = client.sync(&mut store, &SyncOptions::default(), &mut |_| {})?;
 //! println!("pulled {} facts, pushed {}", report.pulled, report.pushed);

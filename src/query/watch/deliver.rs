@@ -135,7 +135,7 @@ impl Watch {
     /// use precedent::{Fact, Store};
     /// use precedent::query::{Change, Givens, Query, Stop};
     ///
-    /// let mut store = Store::open_in_memory()?;
+    /// let store = Store::open_in_memory()?;
     /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
     /// store.insert(&shop)?;
     /// let query = Query::parse("given s: Shop match o: Shop.Order where o->shop = s select o.id")?;
@@ -175,7 +175,7 @@ impl Watch {
     /// use precedent::{Fact, Store};
     /// use precedent::query::{Change, Givens, Query, Stop};
     ///
-    /// let mut store = Store::open_in_memory()?;
+    /// let store = Store::open_in_memory()?;
     /// let shop = Fact::builder("Shop").field("name", "corner").build()?;
     /// store.insert(&shop)?;
     /// let query = Query::parse("given s: Shop match o: Shop.Order where o->shop = s select o.id")?;
