@@ -27,13 +27,13 @@ fn two_nodes_converge_both_ways() {
     let sa = a.store();
     sa.insert_batch(shared.clone()).unwrap();
     sa.insert_batch(tree("A", &shared[49], 300)).unwrap();
-    let mut sb = b.store();
+    let sb = b.store();
     sb.insert_batch(shared[..20].to_vec()).unwrap();
     sb.insert_batch(tree("B", &shared[10], 200)).unwrap();
     let server = a.serve();
     let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
     let report = client
-        .sync(&mut sb, &SyncOptions::default(), &mut |_| {})
+        .sync(&sb, &SyncOptions::default(), &mut |_| {})
         .unwrap();
     assert_eq!(report.held, 0);
     assert!(report.pushed >= 200, "{report:?}");
@@ -41,12 +41,12 @@ fn two_nodes_converge_both_ways() {
     // The facts B pushed come back once as duplicates (A released them after B's pull
     // bookmark); after that a sync moves nothing.
     let again = client
-        .sync(&mut sb, &SyncOptions::default(), &mut |_| {})
+        .sync(&sb, &SyncOptions::default(), &mut |_| {})
         .unwrap();
     assert_eq!((again.inserted, again.pushed), (0, 0), "{again:?}");
     assert!(again.pulled <= report.pushed, "{again:?}");
     let third = client
-        .sync(&mut sb, &SyncOptions::default(), &mut |_| {})
+        .sync(&sb, &SyncOptions::default(), &mut |_| {})
         .unwrap();
     assert_eq!((third.pulled, third.pushed), (0, 0), "{third:?}");
     let peer = sb.peer(&server.url()).unwrap().unwrap();
@@ -74,9 +74,9 @@ fn a_replaced_database_behind_the_same_url_is_synced_from_the_start() {
     let server = old.serve();
     let (url, addr) = (server.url(), server.addr());
     let client = Client::new(&url, ClientOptions::default()).unwrap();
-    let mut cs = client_node.store();
+    let cs = client_node.store();
     let first = client
-        .sync(&mut cs, &SyncOptions::default(), &mut |_| {})
+        .sync(&cs, &SyncOptions::default(), &mut |_| {})
         .unwrap();
     assert!(!first.replaced);
     assert_converged(&[&old, &client_node]);
@@ -91,14 +91,14 @@ fn a_replaced_database_behind_the_same_url_is_synced_from_the_start() {
     let server = new.serve_with(|c| c.listen = addr);
     assert_eq!(server.url(), url);
     let second = client
-        .sync(&mut cs, &SyncOptions::default(), &mut |_| {})
+        .sync(&cs, &SyncOptions::default(), &mut |_| {})
         .unwrap();
     assert!(second.replaced, "{second:?}");
     assert_eq!(second.inserted, 11, "{second:?}");
     assert_converged(&[&new, &client_node]);
     // And from then on the bookmarks are those of the new database.
     let third = client
-        .sync(&mut cs, &SyncOptions::default(), &mut |_| {})
+        .sync(&cs, &SyncOptions::default(), &mut |_| {})
         .unwrap();
     assert!(!third.replaced);
     assert_eq!((third.inserted, third.pushed), (0, 0), "{third:?}");
@@ -109,7 +109,7 @@ fn a_replaced_database_behind_the_same_url_is_synced_from_the_start() {
 #[test]
 fn a_push_to_a_replaced_database_pushes_everything_again() {
     let (old, new, client_node) = (Node::new(), Node::new(), Node::new());
-    let mut cs = client_node.store();
+    let cs = client_node.store();
     cs.insert_batch(chain(25)).unwrap();
     let server = old.serve();
     let (url, addr) = (server.url(), server.addr());
@@ -118,12 +118,12 @@ fn a_push_to_a_replaced_database_pushes_everything_again() {
         direction: Direction::Push,
         ..SyncOptions::default()
     };
-    assert_eq!(client.sync(&mut cs, &push, &mut |_| {}).unwrap().pushed, 25);
+    assert_eq!(client.sync(&cs, &push, &mut |_| {}).unwrap().pushed, 25);
     cs.insert_batch(vec![fact("Later", 1, &[])]).unwrap();
     server.stop().unwrap();
     let server = new.serve_with(|c| c.listen = addr);
     assert_eq!(server.url(), url);
-    let r = client.sync(&mut cs, &push, &mut |_| {}).unwrap();
+    let r = client.sync(&cs, &push, &mut |_| {}).unwrap();
     assert!(r.replaced, "{r:?}");
     assert_converged(&[&new, &client_node]);
 }
@@ -160,14 +160,14 @@ fn pull_and_push_only_move_one_way() {
         direction: Direction::Pull,
         ..SyncOptions::default()
     };
-    client.sync(&mut b.store(), &pull, &mut |_| {}).unwrap();
+    client.sync(&b.store(), &pull, &mut |_| {}).unwrap();
     assert!(a.store().get(&mine.hash()).unwrap().is_none());
     assert_eq!(hashes(&b.store()).len(), 31);
     let push = SyncOptions {
         direction: Direction::Push,
         ..SyncOptions::default()
     };
-    client.sync(&mut b.store(), &push, &mut |_| {}).unwrap();
+    client.sync(&b.store(), &push, &mut |_| {}).unwrap();
     assert!(a.store().get(&mine.hash()).unwrap().is_some());
 }
 
@@ -190,7 +190,7 @@ fn scoped_sync_takes_the_slice_below_its_roots_and_their_ancestors() {
     sa.insert_batch(tree("S2", &shop2, 100)).unwrap();
     let server = a.serve();
     let c = Node::new();
-    let mut sc = c.store();
+    let sc = c.store();
     let client = Client::new(
         &server.url(),
         ClientOptions {
@@ -203,7 +203,7 @@ fn scoped_sync_takes_the_slice_below_its_roots_and_their_ancestors() {
         direction: Direction::Pull,
         roots: vec![shop1.hash()],
     };
-    client.sync(&mut sc, &scoped, &mut |_| {}).unwrap();
+    client.sync(&sc, &scoped, &mut |_| {}).unwrap();
     let want: BTreeSet<FactHash> = std::iter::once(shop1.hash())
         .chain(std::iter::once(world.hash()))
         .chain(sa.descendants(&shop1.hash()).unwrap())
@@ -213,7 +213,7 @@ fn scoped_sync_takes_the_slice_below_its_roots_and_their_ancestors() {
     // held, and its missing ancestor is fetched.
     let join = fact("Join", 9, &[shop1.hash(), other.hash()]);
     sa.insert(&join).unwrap();
-    let r = client.sync(&mut sc, &scoped, &mut |_| {}).unwrap();
+    let r = client.sync(&sc, &scoped, &mut |_| {}).unwrap();
     assert!(r.fetched >= 1, "{r:?}");
     assert!(sc.get(&join.hash()).unwrap().is_some());
     assert!(sc.get(&other.hash()).unwrap().is_some());
@@ -275,13 +275,13 @@ fn pulled_poison_is_quarantined_and_the_page_still_committed() {
         r
     });
     let b = Node::new();
-    let mut sb = b.store();
+    let sb = b.store();
     let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
     let pull = SyncOptions {
         direction: Direction::Pull,
         ..SyncOptions::default()
     };
-    let r = client.sync(&mut sb, &pull, &mut |_| {}).unwrap();
+    let r = client.sync(&sb, &pull, &mut |_| {}).unwrap();
     assert_eq!(r.quarantined, 1);
     assert!(sb.get(&good.hash()).unwrap().is_some());
     assert_eq!(sb.quarantine(10).unwrap()[0].peer, fake.url());
@@ -302,10 +302,10 @@ fn a_short_pull_stream_is_an_error_and_moves_no_bookmark() {
         r
     });
     let b = Node::new();
-    let mut sb = b.store();
+    let sb = b.store();
     let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
     let err = client
-        .sync(&mut sb, &SyncOptions::default(), &mut |_| {})
+        .sync(&sb, &SyncOptions::default(), &mut |_| {})
         .unwrap_err();
     assert!(matches!(err, Error::Transport { .. }), "{err}");
     let peer = sb.peer(&fake.url()).unwrap().unwrap();
@@ -343,13 +343,13 @@ fn a_fetched_fact_that_was_not_asked_for_is_quarantined() {
         r
     });
     let b = Node::new();
-    let mut sb = b.store();
+    let sb = b.store();
     let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
     let pull = SyncOptions {
         direction: Direction::Pull,
         ..SyncOptions::default()
     };
-    let r = client.sync(&mut sb, &pull, &mut |_| {}).unwrap();
+    let r = client.sync(&sb, &pull, &mut |_| {}).unwrap();
     assert_eq!(r.quarantined, 1, "{r:?}");
     assert!(sb.lookup(&stranger.hash()).unwrap().is_none());
     assert_eq!(sb.held_count().unwrap(), 1);
@@ -417,12 +417,12 @@ fn tokens_decide_who_reads_and_writes_and_refusals_store_nothing() {
     )
     .unwrap();
     client
-        .sync(&mut b.store(), &SyncOptions::default(), &mut |_| {})
+        .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
         .unwrap();
     assert_converged(&[&a, &b]);
     let anonymous = Client::new(&server.url(), ClientOptions::default()).unwrap();
     let err = anonymous
-        .sync(&mut b.store(), &SyncOptions::default(), &mut |_| {})
+        .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
         .unwrap_err();
     assert!(matches!(err, Error::Remote { status: 401, .. }), "{err}");
     assert!(
@@ -622,7 +622,7 @@ fn tls_with_a_self_signed_certificate() {
     )
     .unwrap();
     trusting
-        .sync(&mut b.store(), &SyncOptions::default(), &mut |_| {})
+        .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
         .unwrap();
     assert_converged(&[&a, &b]);
     let untrusting = Client::new(&url, ClientOptions::default()).unwrap();
@@ -653,10 +653,10 @@ fn sync_through_a_proxy_that_cuts_delays_and_duplicates() {
         },
     )
     .unwrap();
-    let mut sb = b.store();
+    let sb = b.store();
     let mut failures = 0;
     loop {
-        match client.sync(&mut sb, &SyncOptions::default(), &mut |_| {}) {
+        match client.sync(&sb, &SyncOptions::default(), &mut |_| {}) {
             Ok(r) if r.held == 0 => break,
             Ok(_) => {}
             Err(Error::Transport { .. } | Error::Protocol { .. }) => failures += 1,
@@ -684,11 +684,11 @@ fn a_follower_receives_new_facts_without_asking_again() {
     let db = b.db.clone();
     let stop2 = stop.clone();
     let follower = std::thread::spawn(move || {
-        let mut store = Store::open(&db).unwrap();
+        let store = Store::open(&db).unwrap();
         let client = Client::new(&url, ClientOptions::default()).unwrap();
         client
             .follow(
-                &mut store,
+                &store,
                 &SyncOptions::default(),
                 Duration::from_secs(2),
                 &stop2,

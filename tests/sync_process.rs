@@ -320,7 +320,7 @@ proptest! {
                     }).unwrap();
                     let direction = [Direction::Both, Direction::Pull, Direction::Push][dir as usize];
                     let opts = SyncOptions { direction, ..SyncOptions::default() };
-                    client.sync(&mut nodes[node].store(), &opts, &mut |_| {}).unwrap();
+                    client.sync(&nodes[node].store(), &opts, &mut |_| {}).unwrap();
                     common::assert_topological(&nodes[node].store());
                 }
             }

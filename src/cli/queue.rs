@@ -347,7 +347,7 @@ fn list(g: &Global) -> anyhow::Result<Status> {
     Ok(Status::Ok)
 }
 
-fn spec_of(store: &mut Store, name: &str) -> anyhow::Result<QueueSpec> {
+fn spec_of(store: &Store, name: &str) -> anyhow::Result<QueueSpec> {
     store
         .queues()?
         .into_iter()
@@ -361,8 +361,8 @@ fn spec_of(store: &mut Store, name: &str) -> anyhow::Result<QueueSpec> {
 }
 
 fn show(g: &Global, name: &str) -> anyhow::Result<Status> {
-    let mut store = g.open(false)?;
-    let spec = spec_of(&mut store, name)?;
+    let store = g.open(false)?;
+    let spec = spec_of(&store, name)?;
     let stats = store.queue_stats(name)?;
     if g.json {
         say!("{}", json!({"queue": spec, "stats": stats}));
@@ -392,7 +392,7 @@ fn print_stats(s: &QueueStats) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn all_stats(store: &mut Store, name: Option<&str>) -> anyhow::Result<Vec<QueueStats>> {
+fn all_stats(store: &Store, name: Option<&str>) -> anyhow::Result<Vec<QueueStats>> {
     let names: Vec<String> = match name {
         Some(n) => vec![n.to_string()],
         None => store.queues()?.into_iter().map(|s| s.name).collect(),
@@ -404,8 +404,8 @@ fn all_stats(store: &mut Store, name: Option<&str>) -> anyhow::Result<Vec<QueueS
 }
 
 fn stats(g: &Global, name: Option<&str>, prometheus: bool) -> anyhow::Result<Status> {
-    let mut store = g.open(false)?;
-    let all = all_stats(&mut store, name)?;
+    let store = g.open(false)?;
+    let all = all_stats(&store, name)?;
     if prometheus {
         say!("{}", prometheus_text(&all).trim_end());
     } else if g.json {
@@ -541,7 +541,7 @@ fn state_name(s: ItemState) -> &'static str {
 
 /// Runs `precedent dlq ...` (`state` dead) or `precedent poison queue ...` (`state` poison).
 pub fn entries(g: &Global, c: EntryCommand, state: ItemState) -> anyhow::Result<Status> {
-    let mut store = g.open(false)?;
+    let store = g.open(false)?;
     match c {
         EntryCommand::List { queue, limit } => {
             for i in store.queue_items(&queue, Some(state), limit)? {
@@ -558,7 +558,7 @@ pub fn entries(g: &Global, c: EntryCommand, state: ItemState) -> anyhow::Result<
             }
         }
         EntryCommand::Show { queue, hash } => {
-            let info = entry(&mut store, &queue, &hash, state)?;
+            let info = entry(&store, &queue, &hash, state)?;
             show_entry(g, &store, &info)?;
         }
         EntryCommand::Redrive { queue, hash, all } => {
@@ -570,7 +570,7 @@ pub fn entries(g: &Global, c: EntryCommand, state: ItemState) -> anyhow::Result<
                     .collect()
             } else {
                 let hash = hash.expect("clap requires HASH without --all");
-                vec![entry(&mut store, &queue, &hash, state)?.input]
+                vec![entry(&store, &queue, &hash, state)?.input]
             };
             for input in &targets {
                 let redrive = store.redrive(&queue, input)?;
@@ -592,7 +592,7 @@ pub fn entries(g: &Global, c: EntryCommand, state: ItemState) -> anyhow::Result<
             hash,
             reason,
         } => {
-            let input = entry(&mut store, &queue, &hash, state)?.input;
+            let input = entry(&store, &queue, &hash, state)?.input;
             let discard = store.discard(&queue, &input, &reason)?;
             if g.json {
                 say!(
@@ -608,7 +608,7 @@ pub fn entries(g: &Global, c: EntryCommand, state: ItemState) -> anyhow::Result<
 }
 
 /// The item `text` names (input or entry, full hash or prefix), which must be in `state`.
-fn entry(store: &mut Store, queue: &str, text: &str, state: ItemState) -> anyhow::Result<ItemInfo> {
+fn entry(store: &Store, queue: &str, text: &str, state: ItemState) -> anyhow::Result<ItemInfo> {
     let hash = store.resolve(text)?;
     let what = match state {
         ItemState::Poison => "poison",

@@ -173,7 +173,7 @@ pub fn sync(g: &Global, a: SyncArgs) -> anyhow::Result<Status> {
         return follow(g, &client, &mut store, &options);
     }
     let bar = super::progress(None, "sync");
-    let report = client.sync(&mut store, &options, &mut |p| {
+    let report = client.sync(&store, &options, &mut |p| {
         let phase = match p.phase {
             Phase::Pull => "pulled",
             Phase::Fetch => "fetched",

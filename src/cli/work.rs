@@ -118,7 +118,7 @@ pub fn work(g: &Global, args: WorkArgs) -> anyhow::Result<Status> {
 /// One job: claim a batch, run the command per input, repeat until stopped (or, with
 /// `--once`, until nothing is ready).
 fn job(g: &Global, sh: &Shared) -> anyhow::Result<()> {
-    let mut store = g.open(false)?;
+    let store = g.open(false)?;
     let a = &sh.args;
     while !sh.stop.load(Ordering::Relaxed) {
         sh.busy.fetch_add(1, Ordering::SeqCst);
@@ -139,7 +139,7 @@ fn job(g: &Global, sh: &Shared) -> anyhow::Result<()> {
             idle(sh, Duration::from_millis(wait));
             continue;
         }
-        let result = run_batch(&mut store, sh, &mut leases);
+        let result = run_batch(&store, sh, &mut leases);
         // Whatever happened, leases not started are given back, not left to expire.
         for lease in leases.drain(..) {
             match store.release(lease) {
@@ -167,7 +167,7 @@ fn idle(sh: &Shared, d: Duration) {
 
 /// Runs the command for each lease in turn, front first, removing each from `leases` as
 /// it starts; stops starting new ones on a stop request.
-fn run_batch(store: &mut Store, sh: &Shared, leases: &mut Vec<Lease>) -> anyhow::Result<()> {
+fn run_batch(store: &Store, sh: &Shared, leases: &mut Vec<Lease>) -> anyhow::Result<()> {
     while !leases.is_empty() && !sh.stop.load(Ordering::Relaxed) {
         let lease = leases.remove(0);
         let outcome = handle(store, sh, lease, leases)?;
@@ -184,7 +184,7 @@ type Outcome = String;
 /// Runs the command for one input and completes or fails it. `waiting` are this job's
 /// other leases, kept alive too while the command runs.
 fn handle(
-    store: &mut Store,
+    store: &Store,
     sh: &Shared,
     lease: Lease,
     waiting: &mut [Lease],
@@ -248,7 +248,7 @@ type Ran = (ExitStatus, Vec<u8>, Vec<u8>, Lease);
 /// Starts the command with the input on stdin and waits for it, extending this job's
 /// leases every third of the lease duration meanwhile.
 fn run_command(
-    store: &mut Store,
+    store: &Store,
     sh: &Shared,
     mut lease: Lease,
     waiting: &mut [Lease],
@@ -323,7 +323,7 @@ fn run_command(
 }
 
 /// Extends a lease; a lost one is kept as it is (completing it will be refused).
-fn extend(store: &mut Store, lease: Lease) -> anyhow::Result<Lease> {
+fn extend(store: &Store, lease: Lease) -> anyhow::Result<Lease> {
     match store.extend(&lease) {
         Ok(l) => Ok(l),
         Err(Error::LeaseLost { .. }) => Ok(lease),
@@ -341,7 +341,7 @@ enum CompleteError {
 /// Stores the facts of `stdout` and, unless one of them completes the input, a completing
 /// fact of our own, in the transaction that completes the input. Returns the fact count.
 fn complete(
-    store: &mut Store,
+    store: &Store,
     spec: &QueueSpec,
     lease: &Lease,
     stdout: &[u8],

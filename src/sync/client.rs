@@ -408,7 +408,7 @@ impl Client {
     /// the error stays committed, bookmarks included.
     pub fn sync(
         &self,
-        store: &mut Store,
+        store: &Store,
         options: &SyncOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<SyncReport> {
@@ -419,7 +419,7 @@ impl Client {
 
     fn finish(
         &self,
-        store: &mut Store,
+        store: &Store,
         options: &SyncOptions,
         result: Result<SyncReport>,
     ) -> Result<SyncReport> {
@@ -446,7 +446,7 @@ impl Client {
     /// Store errors, and remote errors that retrying cannot fix (401, 403).
     pub fn follow(
         &self,
-        store: &mut Store,
+        store: &Store,
         options: &SyncOptions,
         wait: Duration,
         stop: &AtomicBool,
@@ -475,7 +475,7 @@ impl Client {
 
     fn round(
         &self,
-        store: &mut Store,
+        store: &Store,
         options: &SyncOptions,
         wait: Duration,
         report: &mut SyncReport,
@@ -505,7 +505,7 @@ impl Client {
     /// behind the URL was replaced (its bookmarks are then back at 0).
     fn pull_all(
         &self,
-        store: &mut Store,
+        store: &Store,
         key: &str,
         roots: &[FactHash],
         wait: Duration,
@@ -570,7 +570,7 @@ impl Client {
     /// Stores one pulled page and moves the bookmark, in one transaction.
     fn commit_page(
         &self,
-        store: &mut Store,
+        store: &Store,
         key: &str,
         page: Decoded,
         report: &mut SyncReport,
@@ -612,7 +612,7 @@ impl Client {
     /// or the server has none of them.
     fn fetch_missing(
         &self,
-        store: &mut Store,
+        store: &Store,
         report: &mut SyncReport,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<()> {
@@ -659,7 +659,7 @@ impl Client {
     }
 
     /// When both sides hold the same fact set, marks everything local as pushed.
-    fn skip_push_if_in_sync(&self, store: &mut Store, key: &str) -> Result<()> {
+    fn skip_push_if_in_sync(&self, store: &Store, key: &str) -> Result<()> {
         let push_after = store.peer(key)?.map_or(0, |p| p.push_after);
         if store.max_seq()? - push_after <= self.batch as i64 {
             return Ok(()); // cheaper to push than to compare
@@ -674,7 +674,7 @@ impl Client {
 
     fn push_all(
         &self,
-        store: &mut Store,
+        store: &Store,
         key: &str,
         report: &mut SyncReport,
         progress: &mut dyn FnMut(Progress),

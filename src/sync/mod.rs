@@ -14,7 +14,7 @@
 //!
 //! let store = Store::open("laptop.db")?;
 //! let client = Client::new("http://127.0.0.1:7341", ClientOptions::default())?;
-//! let report = client.sync(&mut store, &SyncOptions::default(), &mut |_| {})?;
+//! let report = client.sync(&store, &SyncOptions::default(), &mut |_| {})?;
 //! println!("pulled {} facts, pushed {}", report.pulled, report.pushed);
 //! # }
 //! # Ok::<(), precedent::Error>(())

@@ -100,7 +100,7 @@ pub fn assert_converged(nodes: &[&Node]) {
 pub fn sync_pair(node: &Node, url: &str) {
     let client = Client::new(url, ClientOptions::default()).unwrap();
     let r = client
-        .sync(&mut node.store(), &SyncOptions::default(), &mut |_| {})
+        .sync(&node.store(), &SyncOptions::default(), &mut |_| {})
         .unwrap();
     assert_eq!(r.quarantined, 0);
 }
