@@ -15,7 +15,10 @@
 //! so their history is auditable, syncs to other nodes, and never changes.
 
 mod index;
+mod typed;
 mod work;
+
+pub use typed::{QueueHandle, TypedLease};
 
 use serde::{Deserialize, Serialize};
 
