@@ -157,3 +157,24 @@ fn a_panic_in_a_read_ends_its_transaction() {
         assert_eq!(store.stats().unwrap().released, 2);
     }
 }
+
+/// A write started inside a write on the same thread fails at once, with a message that
+/// says what to do, instead of waiting for itself until the busy timeout.
+#[test]
+fn a_write_inside_a_write_on_one_thread_fails_at_once() {
+    let (_dir, store) = file_store(StoreOptions::default());
+    let t0 = Instant::now();
+    let inner = store.write(|w| {
+        w.insert(&fact(1))?;
+        Ok(store.insert(&fact(2)).map(|_| ()))
+    });
+    let err = inner.unwrap().unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(4), "waited for itself");
+    assert!(
+        err.to_string().contains("already open on this thread"),
+        "{err}"
+    );
+    // The outer write committed; the inner one wrote nothing.
+    assert!(store.get(&fact(1).hash()).unwrap().is_some());
+    assert_eq!(store.get(&fact(2).hash()).unwrap(), None);
+}

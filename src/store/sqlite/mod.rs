@@ -206,7 +206,8 @@ fn install_trace(conn: &mut Connection, f: fn(&str)) {
 /// when the writer before it finishes.
 #[derive(Default)]
 struct WriteLock {
-    taken: Mutex<bool>,
+    /// The thread whose write transaction is open, if any.
+    taken: Mutex<Option<std::thread::ThreadId>>,
     freed: Condvar,
 }
 
@@ -216,8 +217,17 @@ pub(crate) struct Turn<'a>(&'a WriteLock);
 impl WriteLock {
     fn acquire(&self, timeout: Duration) -> Result<Turn<'_>> {
         let deadline = Instant::now() + timeout;
+        let me = std::thread::current().id();
         let mut taken = lock(&self.taken);
-        while *taken {
+        if *taken == Some(me) {
+            // Waiting would wait for ourselves until the timeout: say what is wrong now.
+            return Err(Error::Backend(BackendError::new(
+                BackendErrorKind::Other,
+                "a write transaction is already open on this thread: write through its Writer \
+                 instead of calling Store::write (or insert, claim, ...) inside it",
+            )));
+        }
+        while taken.is_some() {
             let now = Instant::now();
             if now >= deadline {
                 return Err(Error::Backend(BackendError::new(
@@ -234,14 +244,14 @@ impl WriteLock {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        *taken = true;
+        *taken = Some(me);
         Ok(Turn(self))
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        *lock(&self.0.taken) = false;
+        *lock(&self.0.taken) = None;
         self.0.freed.notify_one();
     }
 }
