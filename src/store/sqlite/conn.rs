@@ -69,8 +69,17 @@ impl<'a, C: Deref<Target = Connection>> Tx<'a, C> {
 impl<C: Deref<Target = Connection>> Drop for Tx<'_, C> {
     fn drop(&mut self) {
         if self.open {
-            // A read ends the same either way; a write is undone.
-            let _ = self.conn.execute_batch("ROLLBACK");
+            // A read ends the same either way; a write is undone. Every read transaction
+            // ends here, so the statement is kept prepared (a watch polls many times a
+            // second). If it cannot run (the connection is broken), fall back to parsing
+            // it afresh, which still ends the transaction when anything can.
+            let ended = match self.conn.prepare_cached("ROLLBACK") {
+                Ok(mut stmt) => stmt.execute([]).is_ok(),
+                Err(_) => false,
+            };
+            if !ended {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
         }
     }
 }
