@@ -42,12 +42,14 @@ impl ReleaseHook for QueueIndex {
             return Ok(());
         }
         let cache = ctx.store().extension::<QueueCache>();
+        let now = ctx.now_ms();
         let mut q = Ix {
             tx: ctx.tx,
-            now: ctx.now_ms(),
+            now,
             state: ctx.state,
             cache: &cache,
             later: Vec::new(),
+            known: ctx.predecessors,
         };
         q.queue_on_release(fact, seq, None)?;
         for f in q.later {
@@ -113,6 +115,9 @@ pub(crate) struct Ix<'a> {
     pub(crate) state: &'a mut TxState,
     pub(crate) cache: &'a QueueCache,
     pub(crate) later: Vec<Fact>,
+    /// The sequence numbers of the released fact's predecessors, as the store read them
+    /// to write its edges: an ending names its input by hash, and this spares the lookup.
+    pub(crate) known: &'a dyn Fn(&FactHash) -> Option<i64>,
 }
 
 /// One declared queue.
@@ -430,17 +435,24 @@ impl Ix<'_> {
     /// are deleted (a `DELETE .. RETURNING` costs SQLite a temporary table every time,
     /// several times the probe). The completed counter is added up at commit.
     pub(crate) fn end_input(&mut self, q: &QueueDef, input: &FactHash, how: End) -> Result<()> {
-        let item: Option<(i64, i64)> = self.tx.query_opt(
-            // CROSS JOIN keeps the hash probe outermost, and the parameters are hidden
-            // from the planner (`+?N`): when it looks at their values (to tell whether
-            // the partial claimable index applies) the statement is prepared again on
-            // every run.
-            "SELECT i.input, i.blockers FROM fact f
-             CROSS JOIN queue_item i ON i.queue_id = +?1 AND i.input = f.seq
-             WHERE f.hash = +?2",
-            args![q.id, input],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
+        // The parameters are hidden from the planner (`+?N`): when it looks at their
+        // values (to tell whether the partial claimable index applies) the statement is
+        // prepared again on every run.
+        let item: Option<(i64, i64)> = match (self.known)(input) {
+            Some(seq) => self.tx.query_opt(
+                "SELECT input, blockers FROM queue_item WHERE queue_id = +?1 AND input = +?2",
+                args![q.id, seq],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?,
+            // CROSS JOIN keeps the hash probe outermost.
+            None => self.tx.query_opt(
+                "SELECT i.input, i.blockers FROM fact f
+                 CROSS JOIN queue_item i ON i.queue_id = +?1 AND i.input = f.seq
+                 WHERE f.hash = +?2",
+                args![q.id, input],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?,
+        };
         let Some((seq, blockers)) = item else {
             return Ok(());
         };

@@ -38,6 +38,7 @@ pub(crate) fn with_index<T>(
         state,
         cache: &cache,
         later: Vec::new(),
+        known: &|_| None,
     };
     let value = f(&mut ix)?;
     for fact in std::mem::take(&mut ix.later) {

@@ -588,9 +588,17 @@ pub struct HookCtx<'a> {
     pub state: &'a mut super::TxState,
     pub(crate) store: &'a super::Store,
     pub(crate) later: &'a mut Vec<Fact>,
+    pub(crate) predecessors: &'a dyn Fn(&FactHash) -> Option<i64>,
 }
 
 impl HookCtx<'_> {
+    /// The sequence number of a predecessor of the fact being released, which the
+    /// backend has just read to write its edge; `None` for a hash that is not one of its
+    /// predecessors (and in [`ReleaseHook::before_commit`]). Saves a hook a lookup.
+    pub fn predecessor_seq(&self, hash: &FactHash) -> Option<i64> {
+        (self.predecessors)(hash)
+    }
+
     /// The store's clock, in milliseconds since the Unix epoch.
     pub fn now_ms(&self) -> i64 {
         self.store.options().clock.now_ms()
@@ -660,11 +668,18 @@ pub struct HookRunner<'a> {
 }
 
 impl HookRunner<'_> {
-    /// `fact` was just released as `seq` in `tx`.
+    /// `fact` was just released as `seq` in `tx`; `predecessors` gives the sequence
+    /// number of each of its predecessors by hash.
     ///
     /// # Errors
     /// A hook's error.
-    pub fn released(&mut self, tx: &dyn ReadTx, fact: &Fact, seq: i64) -> Result<()> {
+    pub fn released(
+        &mut self,
+        tx: &dyn ReadTx,
+        fact: &Fact,
+        seq: i64,
+        predecessors: &dyn Fn(&FactHash) -> Option<i64>,
+    ) -> Result<()> {
         let hooks = &self.store.options().release_hooks;
         if hooks.is_empty() {
             return Ok(());
@@ -674,6 +689,7 @@ impl HookRunner<'_> {
             state: self.state,
             store: self.store,
             later: self.later,
+            predecessors,
         };
         for hook in hooks {
             hook.on_release(&mut ctx, fact, seq)?;

@@ -638,6 +638,7 @@ impl<'a> Writer<'a> {
                 state: &mut self.state,
                 store: self.store,
                 later: &mut later,
+                predecessors: &|_| None,
             };
             for hook in hooks {
                 hook.before_commit(&mut ctx)?;

@@ -240,7 +240,7 @@ impl<'a> SqliteWrite<'a> {
                     continue;
                 }
                 match self.released(hash)? {
-                    Some((seq, type_id)) => preds.push((role.as_str(), seq, type_id)),
+                    Some((seq, type_id)) => preds.push((role.as_str(), *hash, seq, type_id)),
                     None => missing.push((*hash, None)),
                 }
             }
@@ -429,7 +429,7 @@ impl<'a> SqliteWrite<'a> {
     fn insert_released(
         &mut self,
         fact: &Fact,
-        preds: &[(&str, i64, i64)],
+        preds: &[(&str, FactHash, i64, i64)],
         hooks: &mut HookRunner<'_>,
     ) -> Result<Option<(i64, i64)>> {
         let type_id = self.names.id(
@@ -449,7 +449,7 @@ impl<'a> SqliteWrite<'a> {
             return Ok(None);
         }
         let seq = self.c().last_insert_rowid();
-        for (role, pred, pred_type) in preds {
+        for (role, _, pred, pred_type) in preds {
             let role_id = self
                 .names
                 .id(&self.tx.shared.names, &self.tx.conn, Kind::Role, role)?;
@@ -460,7 +460,8 @@ impl<'a> SqliteWrite<'a> {
                 )?
                 .execute(params![pred, role_id, type_id, seq, pred_type])?;
         }
-        hooks.released(&self.tx, fact, seq)?;
+        let known = |h: &FactHash| preds.iter().find(|p| p.1 == *h).map(|p| p.2);
+        hooks.released(&self.tx, fact, seq, &known)?;
         Ok(Some((seq, type_id)))
     }
 
@@ -611,7 +612,7 @@ impl<'a> SqliteWrite<'a> {
                         reason: format!("released while predecessor {p} is absent"),
                     })?
                 };
-                preds.push((role.as_str(), seq, type_id));
+                preds.push((role.as_str(), *p, seq, type_id));
             }
         }
         self.held = Some(self.held_now()? - 1);
