@@ -178,3 +178,51 @@ fn a_write_inside_a_write_on_one_thread_fails_at_once() {
     assert!(store.get(&fact(1).hash()).unwrap().is_some());
     assert_eq!(store.get(&fact(2).hash()).unwrap(), None);
 }
+
+/// A watch's poll (a brief read, which may use the write connection when it is free)
+/// does not wait for a write transaction open on another thread, and sees only what is
+/// committed.
+#[test]
+fn a_watch_poll_does_not_wait_for_an_open_write() {
+    use precedent::query::{Givens, Query};
+    let (_dir, store) = file_store(StoreOptions::default());
+    let q = Query::parse("match i: Item select i.n").unwrap();
+    let mut watch = store.watch(&q, &Givens::new()).unwrap();
+    store.insert(&fact(1)).unwrap();
+    let (inserted, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let writer = {
+        let (store, inserted, release) = (store.clone(), inserted.clone(), release.clone());
+        std::thread::spawn(move || {
+            store
+                .write(|w| {
+                    w.insert(&fact(2))?;
+                    inserted.wait();
+                    release.wait();
+                    Ok(())
+                })
+                .unwrap()
+        })
+    };
+    inserted.wait();
+    let (tx, rx) = mpsc::channel();
+    let poller = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let changes = watch.poll(&store).unwrap();
+            tx.send(changes.len()).unwrap();
+            watch
+        })
+    };
+    let seen = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a poll waited for the writer");
+    assert_eq!(
+        seen, 1,
+        "the poll saw the uncommitted fact, or missed the committed one"
+    );
+    release.wait();
+    writer.join().unwrap();
+    let mut watch = poller.join().unwrap();
+    assert_eq!(watch.poll(&store).unwrap().len(), 1);
+    assert_eq!(watch.results().len(), 2);
+}

@@ -210,7 +210,7 @@ impl Watch {
     /// # Errors
     /// [`crate::Error::Backend`], [`crate::Error::Corrupt`].
     pub fn poll(&mut self, store: &Store) -> Result<Vec<Change>> {
-        store.read(|r| self.poll_in(&Reader(r)))
+        store.read_brief(|r| self.poll_in(&Reader(r)))
     }
 
     fn poll_in(&mut self, store: &Reader<'_>) -> Result<Vec<Change>> {

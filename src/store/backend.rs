@@ -706,6 +706,15 @@ pub trait Backend: Send + Sync {
     /// [`Error::Backend`].
     fn read(&self) -> Result<Box<dyn ReadTx + '_>>;
 
+    /// Starts a read transaction known to be short (a watch's poll), which the backend may
+    /// run where the last write left its cache warm; by default as [`Backend::read`].
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn read_brief(&self) -> Result<Box<dyn ReadTx + '_>> {
+        self.read()
+    }
+
     /// Starts the write transaction, waiting for other writers up to the busy timeout.
     /// Dropping it without [`WriteTx::commit`] rolls back.
     ///

@@ -268,6 +268,14 @@ impl Store {
         f(&*tx)
     }
 
+    /// As [`Store::read`], for a read known to be short (a watch's poll): the backend may
+    /// run it on its write connection, whose cache the last write left warm, when no
+    /// writer holds it.
+    pub(crate) fn read_brief<T>(&self, f: impl FnOnce(&dyn ReadTx) -> Result<T>) -> Result<T> {
+        let tx = self.backend.read_brief()?;
+        f(&*tx)
+    }
+
     /// How many times, since the store was opened, the database prepared a statement run
     /// through [`Sql`] again (for tests that a watch's polls keep theirs prepared).
     pub fn query_reprepares(&self) -> u64 {

@@ -38,6 +38,9 @@ pub(crate) struct Tx<'a, C: Deref<Target = Connection>> {
     pub(crate) conn: C,
     pub(crate) shared: &'a Shared,
     open: bool,
+    /// For a brief read on the write connection: this process's turn to write, held so
+    /// that no writer uses the connection meanwhile (dropped after `conn`).
+    pub(crate) turn: Option<super::Turn<'a>>,
 }
 
 impl<'a, C: Deref<Target = Connection>> Tx<'a, C> {
@@ -55,6 +58,7 @@ impl<'a, C: Deref<Target = Connection>> Tx<'a, C> {
             conn,
             shared,
             open: true,
+            turn: None,
         })
     }
 

@@ -215,6 +215,16 @@ struct WriteLock {
 pub(crate) struct Turn<'a>(&'a WriteLock);
 
 impl WriteLock {
+    /// The turn if no writer holds it now; never waits.
+    fn try_acquire(&self) -> Option<Turn<'_>> {
+        let mut taken = lock(&self.taken);
+        if taken.is_some() {
+            return None;
+        }
+        *taken = Some(std::thread::current().id());
+        Some(Turn(self))
+    }
+
     fn acquire(&self, timeout: Duration) -> Result<Turn<'_>> {
         let deadline = Instant::now() + timeout;
         let me = std::thread::current().id();
@@ -296,6 +306,20 @@ impl Backend for SqliteBackend {
             },
             &self.shared,
         )?))
+    }
+
+    fn read_brief(&self) -> Result<Box<dyn ReadTx + '_>> {
+        // The write connection's page cache holds what the last write touched, which a
+        // pooled reader would have to read again: a short read right after a write (a
+        // watch's poll) is cheaper there. Only when no writer holds it, and without
+        // waiting: a writer that comes meanwhile waits for the read, as for a write.
+        let Some(turn) = self.write_lock.try_acquire() else {
+            return self.read();
+        };
+        let guard = lock(&self.writer);
+        let mut tx = Tx::begin_read(guard, &self.shared)?;
+        tx.turn = Some(turn);
+        Ok(Box::new(tx))
     }
 
     fn write(&self) -> Result<Box<dyn WriteTx + '_>> {
