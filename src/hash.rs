@@ -18,6 +18,23 @@ impl FactHash {
         FactHash(*blake3::hash(bytes).as_bytes())
     }
 
+    /// Checks that stored bytes hash to this key, without decoding them: what every path
+    /// that hands raw stored bytes to the outside (export, sync) runs, so that damage is
+    /// reported, never passed on.
+    ///
+    /// # Errors
+    /// [`crate::Error::Corrupt`] naming this hash and what the bytes hash to.
+    pub(crate) fn check_stored(&self, bytes: &[u8]) -> crate::Result<()> {
+        let actual = FactHash::of_canonical(bytes);
+        if actual != *self {
+            return Err(crate::Error::Corrupt {
+                hash: *self,
+                reason: format!("stored bytes hash to {actual}"),
+            });
+        }
+        Ok(())
+    }
+
     /// The raw 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0

@@ -73,19 +73,6 @@ pub(crate) fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Checks that stored bytes hash to their key before they leave the store: damage is
-/// reported, never passed on to a peer.
-fn check_bytes(hash: &FactHash, bytes: &[u8]) -> Result<()> {
-    let actual = FactHash::of_canonical(bytes);
-    if actual != *hash {
-        return Err(Error::Corrupt {
-            hash: *hash,
-            reason: format!("stored bytes hash to {actual}"),
-        });
-    }
-    Ok(())
-}
-
 fn blob<'r>(r: &'r Row<'_>, i: usize) -> Result<&'r [u8]> {
     match r.value(i)? {
         ValueRef::Blob(b) => Ok(b),
@@ -220,7 +207,7 @@ impl Store {
                     &mut |row| {
                         let hash = row.hash(0)?;
                         let bytes = blob(row, 1)?;
-                        check_bytes(&hash, bytes)?;
+                        hash.check_stored(bytes)?;
                         f(seq, hash, bytes)
                     },
                 )?;
@@ -259,7 +246,7 @@ impl Store {
                 released.into_iter().map(|(_, h, b)| (h, b)).collect();
             out.extend(held);
             for (h, b) in &out {
-                check_bytes(h, b)?;
+                h.check_stored(b)?;
             }
             Ok(out)
         })

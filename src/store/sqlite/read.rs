@@ -29,20 +29,6 @@ pub(crate) fn fact_from_row(hash: &FactHash, bytes: &[u8]) -> Result<Fact> {
     })
 }
 
-/// Checks that stored bytes hash to their key, without decoding them: what every path that
-/// hands raw stored bytes to the outside (export, sync) runs, so that damage is reported,
-/// never passed on.
-pub(crate) fn check_bytes(hash: &FactHash, bytes: &[u8]) -> Result<()> {
-    let actual = FactHash::of_canonical(bytes);
-    if actual != *hash {
-        return Err(Error::Corrupt {
-            hash: *hash,
-            reason: format!("stored bytes hash to {actual}"),
-        });
-    }
-    Ok(())
-}
-
 /// Resolves a prefix against released and held facts.
 pub(crate) fn resolve_prefix(conn: &Connection, prefix: &HashPrefix) -> Result<FactHash> {
     if let Some(h) = prefix.full() {
@@ -251,7 +237,7 @@ impl<C: Deref<Target = Connection>> ReadTx for Tx<'_, C> {
         while let Some(row) = rows.next()? {
             let hash = hash_from_row(row.get(1)?)?;
             let bytes = row.get_ref(2)?.as_blob().map_err(rusqlite::Error::from)?;
-            check_bytes(&hash, bytes)?;
+            hash.check_stored(bytes)?;
             f(row.get(0)?, hash, bytes)?;
         }
         Ok(())
