@@ -459,6 +459,36 @@ impl Store {
     /// application's own rows and a fact that completes the input (see
     /// [`Lease::completion`]), and everything commits together or not at all.
     ///
+    /// ```
+    /// use precedent::queue::{Completion, QueueSpec};
+    /// use precedent::store::SqlExt;
+    /// use precedent::{Error, Fact, Store, args};
+    ///
+    /// let store = Store::open_in_memory()?;
+    /// let done = Completion { type_name: "Shipment".into(), role: "order".into() };
+    /// store.declare_queue(&QueueSpec::new("ship", "Order", vec![done]))?;
+    /// store.write(|w| w.sql().batch("CREATE TABLE label (input BLOB PRIMARY KEY)"))?;
+    /// store.insert(&Fact::builder("Order").field("id", 1).build()?)?;
+    ///
+    /// let lease = store.claim("ship", 10)?.pop().expect("one order");
+    /// // A handler that forgets the completion: refused, and its row is rolled back.
+    /// let forgot = store.complete(&lease, |w| {
+    ///     w.sql().execute("INSERT INTO label VALUES (?1)", args![&lease.input.hash()])?;
+    ///     Ok(())
+    /// });
+    /// assert!(matches!(forgot, Err(Error::NotCompleted { .. })));
+    /// // The row and the completion commit together.
+    /// store.complete(&lease, |w| {
+    ///     w.sql().execute("INSERT INTO label VALUES (?1)", args![&lease.input.hash()])?;
+    ///     w.insert(&lease.completion().field("carrier", "post").build()?)?;
+    ///     Ok(())
+    /// })?;
+    /// let labels: i64 = store.read(|r| r.query_one("SELECT count(*) FROM label", args![], |r| r.get(0)))?;
+    /// assert_eq!(labels, 1);
+    /// assert!(store.claim("ship", 10)?.is_empty());
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::LeaseLost`] if the lease expired and another worker claimed the input;
     /// [`Error::NotCompleted`] if the handler wrote no completing fact; whatever the
