@@ -35,6 +35,19 @@ impl FactHash {
         Ok(())
     }
 
+    /// A hash read back from the database. One that is not 32 bytes is damage:
+    /// [`crate::Error::Corrupt`], keyed by the BLAKE3 hash of the bad value (the row has
+    /// no other name), never a made-up hash.
+    ///
+    /// # Errors
+    /// [`crate::Error::Corrupt`].
+    pub(crate) fn from_stored(bytes: &[u8]) -> crate::Result<FactHash> {
+        FactHash::from_slice(bytes).ok_or_else(|| crate::Error::Corrupt {
+            hash: FactHash::of_canonical(bytes),
+            reason: format!("stored hash has {} bytes, not 32", bytes.len()),
+        })
+    }
+
     /// The raw 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0

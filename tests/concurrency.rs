@@ -17,28 +17,46 @@ fn file_store(options: StoreOptions) -> (tempfile::TempDir, Arc<Store>) {
     (dir, Arc::new(store))
 }
 
+/// A write transaction held open on another thread: it has inserted `f` when this
+/// returns, and commits when [`OpenWrite::commit`] is called.
+struct OpenWrite {
+    release: Arc<Barrier>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl OpenWrite {
+    fn start(store: &Arc<Store>, f: Fact) -> OpenWrite {
+        let (inserted, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let thread = {
+            let (store, inserted, release) = (store.clone(), inserted.clone(), release.clone());
+            std::thread::spawn(move || {
+                store
+                    .write(|w| {
+                        w.insert(&f)?;
+                        inserted.wait();
+                        release.wait();
+                        Ok(())
+                    })
+                    .unwrap()
+            })
+        };
+        inserted.wait();
+        OpenWrite { release, thread }
+    }
+
+    fn commit(self) {
+        self.release.wait();
+        self.thread.join().unwrap();
+    }
+}
+
 /// A read while another thread's write transaction is open answers at once, from the
 /// last committed state; once the write commits, the next read sees it.
 #[test]
 fn reads_run_beside_an_open_write() {
     let (_dir, store) = file_store(StoreOptions::default());
     let f = fact(1);
-    let (inserted, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
-    let writer = {
-        let (store, f, inserted, release) =
-            (store.clone(), f.clone(), inserted.clone(), release.clone());
-        std::thread::spawn(move || {
-            store
-                .write(|w| {
-                    w.insert(&f)?;
-                    inserted.wait();
-                    release.wait();
-                    Ok(())
-                })
-                .unwrap()
-        })
-    };
-    inserted.wait();
+    let writer = OpenWrite::start(&store, f.clone());
     // The writer holds its transaction open: a read must not wait for it.
     let (tx, rx) = mpsc::channel();
     {
@@ -49,8 +67,7 @@ fn reads_run_beside_an_open_write() {
         .recv_timeout(Duration::from_secs(10))
         .expect("a read waited for the writer");
     assert_eq!(seen, None, "a read saw an uncommitted write");
-    release.wait();
-    writer.join().unwrap();
+    writer.commit();
     assert_eq!(store.get(&f.hash()).unwrap(), Some(f));
 }
 
@@ -63,21 +80,7 @@ fn a_second_writer_waits_up_to_the_busy_timeout_then_fails_busy() {
         ..StoreOptions::default()
     };
     let (_dir, store) = file_store(options);
-    let (started, finish) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
-    let first = {
-        let (store, started, finish) = (store.clone(), started.clone(), finish.clone());
-        std::thread::spawn(move || {
-            store
-                .write(|w| {
-                    w.insert(&fact(1))?;
-                    started.wait();
-                    finish.wait();
-                    Ok(())
-                })
-                .unwrap()
-        })
-    };
-    started.wait();
+    let first = OpenWrite::start(&store, fact(1));
     let t0 = Instant::now();
     let err = store.insert(&fact(2)).unwrap_err();
     let waited = t0.elapsed();
@@ -86,8 +89,7 @@ fn a_second_writer_waits_up_to_the_busy_timeout_then_fails_busy() {
         waited >= Duration::from_millis(150),
         "gave up after {waited:?}"
     );
-    finish.wait();
-    first.join().unwrap();
+    first.commit();
     assert_eq!(store.get(&fact(2).hash()).unwrap(), None);
     assert!(store.insert(&fact(2)).unwrap().released() == 1);
     assert_eq!(store.stats().unwrap().released, 2);
@@ -189,21 +191,7 @@ fn a_watch_poll_does_not_wait_for_an_open_write() {
     let q = Query::parse("match i: Item select i.n").unwrap();
     let mut watch = store.watch(&q, &Givens::new()).unwrap();
     store.insert(&fact(1)).unwrap();
-    let (inserted, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
-    let writer = {
-        let (store, inserted, release) = (store.clone(), inserted.clone(), release.clone());
-        std::thread::spawn(move || {
-            store
-                .write(|w| {
-                    w.insert(&fact(2))?;
-                    inserted.wait();
-                    release.wait();
-                    Ok(())
-                })
-                .unwrap()
-        })
-    };
-    inserted.wait();
+    let writer = OpenWrite::start(&store, fact(2));
     let (tx, rx) = mpsc::channel();
     let poller = {
         let store = store.clone();
@@ -220,8 +208,7 @@ fn a_watch_poll_does_not_wait_for_an_open_write() {
         seen, 1,
         "the poll saw the uncommitted fact, or missed the committed one"
     );
-    release.wait();
-    writer.join().unwrap();
+    writer.commit();
     let mut watch = poller.join().unwrap();
     assert_eq!(watch.poll(&store).unwrap().len(), 1);
     assert_eq!(watch.results().len(), 2);

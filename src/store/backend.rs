@@ -50,20 +50,9 @@ impl Dialect {
     }
 }
 
-/// A value bound to a statement parameter.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Arg<'a> {
-    /// SQL NULL.
-    Null,
-    /// A 64-bit integer.
-    Int(i64),
-    /// A double.
-    Real(f64),
-    /// Text.
-    Text(&'a str),
-    /// Bytes.
-    Blob(&'a [u8]),
-}
+/// A value bound to a statement parameter: a borrowed SQL value, the same type a row's
+/// columns are read as ([`ValueRef`]).
+pub type Arg<'a> = ValueRef<'a>;
 
 impl From<i64> for Arg<'_> {
     fn from(v: i64) -> Self {
@@ -137,6 +126,21 @@ impl<'a> From<&'a SqlValue> for Arg<'a> {
     }
 }
 
+/// A borrowed SQL value: a parameter ([`Arg`]) or a column as a row holds it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ValueRef<'a> {
+    /// SQL NULL.
+    Null,
+    /// A 64-bit integer.
+    Int(i64),
+    /// A double.
+    Real(f64),
+    /// Text.
+    Text(&'a str),
+    /// Bytes.
+    Blob(&'a [u8]),
+}
+
 /// An owned SQL value: a parameter kept between runs of a statement, or a value read.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SqlValue {
@@ -172,21 +176,6 @@ macro_rules! args {
     ($($v:expr),* $(,)?) => {
         &[$($crate::store::Arg::from($v)),*][..]
     };
-}
-
-/// A value as a row holds it, borrowed from the row.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ValueRef<'a> {
-    /// SQL NULL.
-    Null,
-    /// A 64-bit integer.
-    Int(i64),
-    /// A double.
-    Real(f64),
-    /// Text.
-    Text(&'a str),
-    /// Bytes.
-    Blob(&'a [u8]),
 }
 
 /// What a backend's row offers: its columns, by index.
@@ -229,26 +218,17 @@ impl<'r> Row<'r> {
         self.0.value(i)
     }
 
-    /// Column `i` as a fact hash; a value that is not 32 bytes is [`Error::Corrupt`]
-    /// naming `context`'s hash, never a made-up hash.
+    /// Column `i` as a fact hash (see [`FactHash::from_stored`]): a value that is not 32
+    /// bytes is an error, never a made-up hash.
     ///
     /// # Errors
     /// [`Error::Corrupt`].
     pub fn hash(&self, i: usize) -> Result<FactHash> {
         match self.0.value(i)? {
-            ValueRef::Blob(b) => FactHash::from_slice(b).ok_or_else(|| bad_hash(b)),
-            other => Err(bad_hash(match other {
-                ValueRef::Text(t) => t.as_bytes(),
-                _ => &[],
-            })),
+            ValueRef::Blob(b) => FactHash::from_stored(b),
+            ValueRef::Text(t) => FactHash::from_stored(t.as_bytes()),
+            _ => FactHash::from_stored(&[]),
         }
-    }
-}
-
-fn bad_hash(b: &[u8]) -> Error {
-    Error::Corrupt {
-        hash: FactHash::of_canonical(b),
-        reason: format!("stored hash has {} bytes, not 32", b.len()),
     }
 }
 
@@ -610,7 +590,8 @@ impl HookCtx<'_> {
     }
 
     /// Stores `fact` in this transaction once the insert that released the current fact
-    /// returns.
+    /// returns. Only from [`ReleaseHook::on_release`]: in `before_commit` there is no
+    /// insert to follow, and a fact asked for there is not stored.
     pub fn insert_later(&mut self, fact: Fact) {
         self.later.push(fact);
     }
@@ -725,9 +706,6 @@ pub trait Backend: Send + Sync {
 
     /// The SQL dialect of this backend: what the query compiler and the clients write.
     fn dialect(&self) -> Dialect;
-
-    /// Forgets state cached from a transaction that rolled back.
-    fn rolled_back(&self);
 
     /// How many times, since it was opened, the backend had to prepare a statement run
     /// through [`Sql`] again (for tests that statements stay prepared).

@@ -240,11 +240,7 @@ impl Store {
             state: TxState::default(),
             later: Vec::new(),
         };
-        let result = f(&mut writer).and_then(|value| writer.commit().map(|()| value));
-        if result.is_err() {
-            self.backend.rolled_back();
-        }
-        result
+        f(&mut writer).and_then(|value| writer.commit().map(|()| value))
     }
 
     /// Runs `f` in one read transaction: everything it reads sees the same committed

@@ -23,14 +23,13 @@ mod write;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 
 use super::backend::{Backend, ReadTx, WriteTx};
 use super::{Durability, StoreOptions};
-use crate::clock::Clock;
 use crate::error::{BackendError, BackendErrorKind, Error, Result};
 pub(crate) use conn::Tx;
 use names::NameCache;
@@ -81,8 +80,8 @@ const IDLE_READERS: usize = 4;
 /// What every transaction of one backend shares.
 pub(crate) struct Shared {
     pub(crate) names: NameCache,
-    pub(crate) max_held: u64,
-    pub(crate) clock: Arc<dyn Clock>,
+    /// The options the store was opened with (the held bound, the clock, the timeouts).
+    pub(crate) options: StoreOptions,
     /// How many times SQLite prepared a statement run through [`crate::store::Sql`] again.
     pub(crate) reprepares: AtomicU64,
 }
@@ -95,7 +94,6 @@ pub struct SqliteBackend {
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
     shared: Shared,
-    options: StoreOptions,
     path: PathBuf,
     /// The private directory of a store opened with [`crate::Store::open_in_memory`],
     /// removed when the store is dropped.
@@ -144,11 +142,9 @@ impl SqliteBackend {
             readers: Mutex::new(Vec::new()),
             shared: Shared {
                 names: NameCache::default(),
-                max_held: options.max_held,
-                clock: options.clock.clone(),
+                options,
                 reprepares: AtomicU64::new(0),
             },
-            options,
             path,
             temp,
             #[cfg(test)]
@@ -170,7 +166,7 @@ impl SqliteBackend {
             return Ok(c);
         }
         #[allow(unused_mut)]
-        let mut c = connect(&self.path, &self.options, self.temp.is_some())?;
+        let mut c = connect(&self.path, &self.shared.options, self.temp.is_some())?;
         // A read transaction must not write: SQLite refuses it instead of us trusting it.
         c.pragma_update(None, "query_only", true)?;
         #[cfg(test)]
@@ -323,7 +319,7 @@ impl Backend for SqliteBackend {
     }
 
     fn write(&self) -> Result<Box<dyn WriteTx + '_>> {
-        let turn = self.write_lock.acquire(self.options.busy_timeout)?;
+        let turn = self.write_lock.acquire(self.shared.options.busy_timeout)?;
         let guard = lock(&self.writer);
         Ok(Box::new(write::SqliteWrite::begin(
             turn,
@@ -335,8 +331,6 @@ impl Backend for SqliteBackend {
     fn dialect(&self) -> crate::store::Dialect {
         crate::store::Dialect::Sqlite
     }
-
-    fn rolled_back(&self) {}
 
     fn reprepares(&self) -> u64 {
         self.shared

@@ -12,15 +12,6 @@ use crate::hash::{FactHash, HashPrefix};
 use crate::store::backend::{Arg, EachReleased, ReadTx};
 use crate::store::{HeldFact, Stats, StoredFact, VerifyReport};
 
-/// A stored hash; one that is not 32 bytes is damage, reported as such, never a made-up
-/// hash.
-pub(crate) fn hash_from_row(bytes: Vec<u8>) -> Result<FactHash> {
-    FactHash::from_slice(&bytes).ok_or_else(|| Error::Corrupt {
-        hash: FactHash::of_canonical(&bytes),
-        reason: format!("stored hash has {} bytes, not 32", bytes.len()),
-    })
-}
-
 /// Decodes stored bytes and checks that they re-hash to their key.
 pub(crate) fn fact_from_row(hash: &FactHash, bytes: &[u8]) -> Result<Fact> {
     crate::encoding::decode_fact(bytes, Some(*hash)).map_err(|e| Error::Corrupt {
@@ -56,7 +47,7 @@ pub(crate) fn resolve_prefix(conn: &Connection, prefix: &HashPrefix) -> Result<F
         let mut stmt = conn.prepare_cached(sql)?;
         let mut rows = stmt.query(params![&prefix.lowest()[..], &prefix.highest()[..]])?;
         while let Some(row) = rows.next()? {
-            found.push(hash_from_row(row.get(0)?)?);
+            found.push(FactHash::from_stored(&row.get::<_, Vec<u8>>(0)?)?);
         }
     }
     found.sort();
@@ -110,7 +101,7 @@ impl<C: Deref<Target = Connection>> ReadTx for Tx<'_, C> {
             .prepare_cached("SELECT hash, bytes FROM fact WHERE seq = ?1")?
             .query_row([seq], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?;
-        row.map(|(h, b)| fact_from_row(&hash_from_row(h)?, &b))
+        row.map(|(h, b)| fact_from_row(&FactHash::from_stored(&h)?, &b))
             .transpose()
     }
 
@@ -183,7 +174,7 @@ impl<C: Deref<Target = Connection>> ReadTx for Tx<'_, C> {
         let mut rows = stmt.query([seq])?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {
-            out.push(hash_from_row(row.get(0)?)?);
+            out.push(FactHash::from_stored(&row.get::<_, Vec<u8>>(0)?)?);
         }
         Ok(out)
     }
@@ -203,7 +194,7 @@ impl<C: Deref<Target = Connection>> ReadTx for Tx<'_, C> {
         let mut rows = stmt.query([limit as i64])?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {
-            let hash = hash_from_row(row.get(0)?)?;
+            let hash = FactHash::from_stored(&row.get::<_, Vec<u8>>(0)?)?;
             let bytes: Vec<u8> = row.get(1)?;
             let held_at_ms: i64 = row.get(2)?;
             let fact = fact_from_row(&hash, &bytes)?;
@@ -235,7 +226,7 @@ impl<C: Deref<Target = Connection>> ReadTx for Tx<'_, C> {
         )?;
         let mut rows = stmt.query([after, upto])?;
         while let Some(row) = rows.next()? {
-            let hash = hash_from_row(row.get(1)?)?;
+            let hash = FactHash::from_stored(&row.get::<_, Vec<u8>>(1)?)?;
             let bytes = row.get_ref(2)?.as_blob().map_err(rusqlite::Error::from)?;
             hash.check_stored(bytes)?;
             f(row.get(0)?, hash, bytes)?;
@@ -314,7 +305,7 @@ impl<C: Deref<Target = Connection>> Tx<'_, C> {
         let mut stmt = self.conn.prepare_cached(sql)?;
         let mut rows = stmt.query(args)?;
         while let Some(row) = rows.next()? {
-            let hash = hash_from_row(row.get(0)?)?;
+            let hash = FactHash::from_stored(&row.get::<_, Vec<u8>>(0)?)?;
             let bytes = row.get_ref(1)?.as_blob().map_err(rusqlite::Error::from)?;
             f(fact_from_row(&hash, bytes)?)?;
         }

@@ -385,9 +385,9 @@ impl<'a> SqliteWrite<'a> {
             return Ok(InsertOutcome::Duplicate { seq: None });
         }
         let held = self.held_now()?;
-        if held as u64 >= self.tx.shared.max_held {
+        if held as u64 >= self.tx.shared.options.max_held {
             return Err(Error::HeldLimit {
-                limit: self.tx.shared.max_held,
+                limit: self.tx.shared.options.max_held,
                 hash,
             });
         }
@@ -399,7 +399,7 @@ impl<'a> SqliteWrite<'a> {
                 &hash.0[..],
                 fact.canonical_bytes(),
                 missing.len() as i64,
-                self.tx.shared.clock.now_ms()
+                self.tx.shared.options.clock.now_ms()
             ])?;
         let id = self.c().last_insert_rowid();
         if let Some(batch) = &mut self.batch_held {
