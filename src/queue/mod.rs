@@ -14,6 +14,7 @@
 //! Dead letters, poison entries, redrives and discards are facts (types in [`system`]),
 //! so their history is auditable, syncs to other nodes, and never changes.
 
+mod batch;
 mod index;
 mod typed;
 mod work;
@@ -431,6 +432,9 @@ pub struct Lease {
     pub expires_at_ms: i64,
     pub(crate) queue_id: i64,
     pub(crate) seq: i64,
+    /// The input as claimed, which `input` (public, so changeable) may no longer be: what
+    /// the store is told is released as `seq`.
+    pub(crate) claimed: Fact,
     pub(crate) token: i64,
     pub(crate) completion: Completion,
 }

@@ -14,7 +14,7 @@ use crate::queue::{
 };
 use crate::store::{ReadTx, SqlExt, Store, Writer};
 
-fn unknown(name: &str) -> Error {
+pub(super) fn unknown(name: &str) -> Error {
     Error::UnknownQueue {
         name: name.to_string(),
     }
@@ -56,7 +56,7 @@ fn rng<T>(w: &Writer<'_>, f: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
 
 impl Writer<'_> {
     /// The queue declarations for this transaction.
-    fn queue_defs(&mut self) -> Result<Arc<QueueDefs>> {
+    pub(super) fn queue_defs(&mut self) -> Result<Arc<QueueDefs>> {
         let cache = self.store().extension::<QueueCache>();
         let (tx, state) = self.split();
         defs_for(tx, state, &cache)
@@ -182,6 +182,7 @@ impl Writer<'_> {
                 }
                 leases.push(Lease {
                     queue: q.spec.name.clone(),
+                    claimed: input.clone(),
                     input,
                     attempt: attempts as u32 + 1,
                     expires_at_ms: expires,
@@ -213,15 +214,36 @@ impl Writer<'_> {
         self.savepoint(|w| w.complete_in_savepoint(lease, semantics, handler))
     }
 
-    fn complete_in_savepoint<T>(
+    /// Completes `lease` in the savepoint the caller opened.
+    pub(super) fn complete_in_savepoint<T>(
         &mut self,
         lease: &Lease,
         semantics: Semantics,
         handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
     ) -> Result<T> {
+        self.lease_ready(lease, semantics)?;
+        self.run_completion(lease, semantics, handler)
+    }
+
+    /// Checks, before its handler runs, that `lease` still holds. Writes nothing.
+    pub(super) fn lease_ready(&mut self, lease: &Lease, semantics: Semantics) -> Result<()> {
         if semantics == Semantics::AtLeastOnce {
             self.check_lease(lease)?;
+            // The lease holds, so its input is released as `lease.seq`: the completing
+            // fact the handler writes names it, and its insert need not look it up.
+            self.assume_released(&lease.claimed, lease.seq)?;
         }
+        Ok(())
+    }
+
+    /// Runs the handler of a lease that [`Writer::lease_ready`] passed, and checks that it
+    /// completed the input. On an error the caller rolls back what it wrote.
+    pub(super) fn run_completion<T>(
+        &mut self,
+        lease: &Lease,
+        semantics: Semantics,
+        handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
+    ) -> Result<T> {
         let ended_before = self.state::<QueueTx>().ended.len();
         let value = handler(self)?;
         // An item row goes only when its input ends, and the index notes every ending (a
@@ -499,37 +521,6 @@ impl Store {
         handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
     ) -> Result<T> {
         self.write(|w| w.complete(lease, handler))
-    }
-
-    /// Completes many leased inputs in one transaction (one commit, one fsync): each lease
-    /// runs `handler` in a savepoint of its own, exactly as [`Store::complete`] would, and a
-    /// lease whose handler fails (or is lost, or writes no completion) leaves nothing
-    /// behind while the others still commit. Returns one result per lease, in order.
-    ///
-    /// # Errors
-    /// The outer error is for the transaction itself ([`Error::Backend`]); per-lease
-    /// failures are in the returned list.
-    pub fn complete_batch(
-        &self,
-        leases: &[Lease],
-        mut handler: impl FnMut(&mut Writer<'_>, &Lease) -> Result<()>,
-    ) -> Result<Vec<Result<()>>> {
-        self.write(|w| {
-            // The declarations are read once for the batch: none can change inside the
-            // transaction (declaring is a transaction of its own).
-            let defs = w.queue_defs()?;
-            let mut results = Vec::with_capacity(leases.len());
-            for lease in leases {
-                let result = match defs.by_name(&lease.queue) {
-                    None => Err(unknown(&lease.queue)),
-                    Some(q) => w.savepoint(|w| {
-                        w.complete_in_savepoint(lease, q.spec.semantics, |w| handler(w, lease))
-                    }),
-                };
-                results.push(result);
-            }
-            Ok(results)
-        })
     }
 
     /// One queue's declaration.

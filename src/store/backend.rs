@@ -630,6 +630,18 @@ pub trait WriteTx: ReadTx {
     /// [`Error::Backend`].
     fn rollback_savepoint(&mut self) -> Result<()>;
 
+    /// Tells the transaction that `fact` is released as `seq`, as the caller read in this
+    /// transaction: an insert that names it as a predecessor may then skip looking it up.
+    /// Every such note is forgotten when a savepoint rolls back (it may have undone the
+    /// release). The default ignores the note.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn assume_released(&mut self, fact: &Fact, seq: i64) -> Result<()> {
+        let _ = (fact, seq);
+        Ok(())
+    }
+
     /// The read side of this transaction, as a trait object.
     fn as_read(&self) -> &dyn ReadTx;
 

@@ -107,17 +107,24 @@ struct Extensions(Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>);
 
 /// Values the core's clients keep for one write transaction, one per type, made on
 /// first use and dropped with the transaction.
+///
+/// A list, not a map: a transaction holds a value or two, and a completion looks its
+/// queue state up several times, where hashing the type's id cost more than the scan.
 #[derive(Default)]
-pub struct TxState(HashMap<TypeId, Box<dyn Any + Send>>);
+pub struct TxState(Vec<(TypeId, Box<dyn Any + Send>)>);
 
 impl TxState {
     /// This transaction's `T`, made with `T::default()` on first use.
     pub fn get<T: Default + Send + 'static>(&mut self) -> &mut T {
-        self.0
-            .entry(TypeId::of::<T>())
-            .or_insert_with(|| Box::new(T::default()))
-            .downcast_mut()
-            .expect("keyed by its type")
+        let id = TypeId::of::<T>();
+        let at = match self.0.iter().position(|(t, _)| *t == id) {
+            Some(at) => at,
+            None => {
+                self.0.push((id, Box::new(T::default())));
+                self.0.len() - 1
+            }
+        };
+        self.0[at].1.downcast_mut().expect("kept with its type")
     }
 }
 
@@ -572,6 +579,15 @@ impl<'a> Writer<'a> {
     /// [`Error::Backend`].
     pub fn released_seq(&self, hash: &FactHash) -> Result<Option<i64>> {
         self.tx.seq_of(hash)
+    }
+
+    /// Notes that `fact` is released as `seq`, as the caller read in this transaction, so
+    /// that an insert naming it skips its lookup (see [`WriteTx::assume_released`]).
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    pub(crate) fn assume_released(&mut self, fact: &Fact, seq: i64) -> Result<()> {
+        self.tx.assume_released(fact, seq)
     }
 
     /// Resolves a hash prefix against released and held facts.

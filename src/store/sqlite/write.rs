@@ -57,6 +57,9 @@ pub(crate) struct SqliteWrite<'a> {
     /// predecessor is held without looking that predecessor up, and waits for it in
     /// `held_child` by row id. `None` outside a batch.
     batch_held: Option<HashMap<FactHash, i64, dag::BuildFactHasher>>,
+    /// Facts the caller said are released, as (seq, type id) (see
+    /// [`WriteTx::assume_released`]): an insert naming one skips its lookup.
+    assumed: HashMap<FactHash, (i64, i64), dag::BuildFactHasher>,
 }
 
 /// Forwards the read side of a write transaction to its [`Tx`].
@@ -153,9 +156,16 @@ impl WriteTx for SqliteWrite<'_> {
         if let Some(held) = self.savepoints.pop() {
             self.held = held;
         }
-        // Names numbered inside the savepoint are gone with it: forget them all, they are
-        // looked up again.
+        // Names numbered inside the savepoint are gone with it, and a release the caller
+        // told of may be: forget them all, they are looked up again.
         self.names.forget();
+        self.assumed.clear();
+        Ok(())
+    }
+
+    fn assume_released(&mut self, fact: &Fact, seq: i64) -> Result<()> {
+        let type_id = self.type_id(fact.type_name())?;
+        self.assumed.insert(fact.hash(), (seq, type_id));
         Ok(())
     }
 
@@ -193,7 +203,14 @@ impl<'a> SqliteWrite<'a> {
             held_at_start: 0,
             savepoints: Vec::new(),
             batch_held: None,
+            assumed: HashMap::default(),
         })
+    }
+
+    /// The id of a type name, numbered in this transaction if it is new.
+    fn type_id(&mut self, name: &str) -> Result<i64> {
+        self.names
+            .id(&self.tx.shared.names, &self.tx.conn, Kind::Type, name)
     }
 
     fn c(&self) -> &Connection {
@@ -239,7 +256,11 @@ impl<'a> SqliteWrite<'a> {
                     missing.push((*hash, Some(id)));
                     continue;
                 }
-                match self.released(hash)? {
+                let found = match self.assumed.get(hash) {
+                    Some(&known) => Some(known),
+                    None => self.released(hash)?,
+                };
+                match found {
                     Some((seq, type_id)) => preds.push((role.as_str(), *hash, seq, type_id)),
                     None => missing.push((*hash, None)),
                 }
@@ -432,12 +453,7 @@ impl<'a> SqliteWrite<'a> {
         preds: &[(&str, FactHash, i64, i64)],
         hooks: &mut HookRunner<'_>,
     ) -> Result<Option<(i64, i64)>> {
-        let type_id = self.names.id(
-            &self.tx.shared.names,
-            &self.tx.conn,
-            Kind::Type,
-            fact.type_name(),
-        )?;
+        let type_id = self.type_id(fact.type_name())?;
         let added = self
             .c()
             .prepare_cached(

@@ -1,0 +1,213 @@
+//! `Store::complete_batch`: whatever mix of handlers succeed, fail, forget the completion or
+//! complete another lease's input, each lease ends as if it ran `Store::complete` alone:
+//! its writes commit exactly once or not at all, and the other leases are unaffected.
+//! The batch runs its handlers in one savepoint and replays lease by lease after a
+//! failure, so handlers may run twice; this checks that nothing shows it in the database.
+
+use std::collections::HashMap;
+
+use precedent::queue::{Completion, QueueSpec};
+use precedent::store::SqlExt;
+use precedent::{Error, Fact, FactHash, Store, args};
+use proptest::prelude::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handler {
+    /// Writes its effect and the completion.
+    Completes,
+    /// Writes its effect, a held fact and a note, then fails.
+    Fails,
+    /// Writes its effect and returns `Ok` without a completion.
+    Forgets,
+    /// Writes its effect, its completion and the next lease's completion.
+    CompletesNext,
+}
+
+fn handler() -> impl Strategy<Value = Handler> {
+    prop_oneof![
+        6 => Just(Handler::Completes),
+        2 => Just(Handler::Fails),
+        1 => Just(Handler::Forgets),
+        1 => Just(Handler::CompletesNext),
+    ]
+}
+
+fn shipped(input: &FactHash) -> Fact {
+    Fact::builder("Shipped")
+        .predecessor("order", *input)
+        .build()
+        .unwrap()
+}
+
+/// What each lease's result must be, judged lease by lease in order.
+#[derive(Debug, PartialEq, Eq)]
+enum Expected {
+    Ok,
+    Failed,
+    NotCompleted,
+    LeaseLost,
+}
+
+fn expected(plan: &[Handler]) -> Vec<Expected> {
+    let mut out: Vec<Expected> = Vec::new();
+    for (i, h) in plan.iter().enumerate() {
+        let lost = i > 0 && plan[i - 1] == Handler::CompletesNext && out[i - 1] == Expected::Ok;
+        out.push(if lost {
+            Expected::LeaseLost
+        } else {
+            match h {
+                Handler::Completes | Handler::CompletesNext => Expected::Ok,
+                Handler::Fails => Expected::Failed,
+                Handler::Forgets => Expected::NotCompleted,
+            }
+        });
+    }
+    out
+}
+
+fn run(plan: &[Handler]) -> Result<Vec<u32>, TestCaseError> {
+    let store = Store::open_in_memory().unwrap();
+    let done = Completion {
+        type_name: "Shipped".into(),
+        role: "order".into(),
+    };
+    store
+        .declare_queue(&QueueSpec::new("ship", "Order", vec![done]))
+        .unwrap();
+    store
+        .write(|w| w.sql().batch("CREATE TABLE effect (input BLOB NOT NULL)"))
+        .unwrap();
+    let orders: Vec<Fact> = (0..plan.len() as i64)
+        .map(|n| Fact::builder("Order").field("n", n).build().unwrap())
+        .collect();
+    store.insert_batch(orders.clone()).unwrap();
+    let leases = store.claim("ship", plan.len()).unwrap();
+    prop_assert_eq!(leases.len(), plan.len());
+    let index: HashMap<FactHash, usize> = leases
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.input.hash(), i))
+        .collect();
+    let missing = Fact::builder("Lost").build().unwrap().hash();
+    let mut calls = vec![0u32; plan.len()];
+    let results = store
+        .complete_batch(&leases, |w, lease| {
+            let i = index[&lease.input.hash()];
+            calls[i] += 1;
+            w.sql().execute(
+                "INSERT INTO effect (input) VALUES (?1)",
+                args![&lease.input.hash()],
+            )?;
+            match plan[i] {
+                Handler::Completes => {
+                    w.insert(&lease.completion().build()?)?;
+                }
+                Handler::Fails => {
+                    w.insert(&Fact::builder("Waiting").predecessor("p", missing).build()?)?;
+                    w.insert(
+                        &Fact::builder("Note")
+                            .predecessor("order", lease.input.hash())
+                            .build()?,
+                    )?;
+                    return Err(Error::InvalidFact {
+                        reason: format!("handler {i} gave up"),
+                    });
+                }
+                Handler::Forgets => {}
+                Handler::CompletesNext => {
+                    w.insert(&lease.completion().build()?)?;
+                    if let Some(next) = leases.get(i + 1) {
+                        w.insert(&shipped(&next.input.hash()))?;
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+
+    let want = expected(plan);
+    prop_assert_eq!(results.len(), plan.len(), "one result per lease");
+    for (i, (got, want)) in results.iter().zip(&want).enumerate() {
+        let fits = match (got, want) {
+            (Ok(()), Expected::Ok) => true,
+            (Err(Error::InvalidFact { reason }), Expected::Failed) => {
+                reason == &format!("handler {i} gave up")
+            }
+            (Err(Error::NotCompleted { .. }), Expected::NotCompleted) => true,
+            (Err(Error::LeaseLost { .. }), Expected::LeaseLost) => true,
+            _ => false,
+        };
+        prop_assert!(fits, "lease {i} of {plan:?}: got {got:?}, want {want:?}");
+    }
+
+    // Every committed effect is there exactly once, and only those.
+    let effects: Vec<FactHash> = store
+        .read(|r| r.query_vec("SELECT input FROM effect", args![], |row| row.hash(0)))
+        .unwrap();
+    let mut per_lease = vec![0usize; plan.len()];
+    for e in &effects {
+        per_lease[index[e]] += 1;
+    }
+    for (i, want) in want.iter().enumerate() {
+        let once = usize::from(*want == Expected::Ok);
+        prop_assert_eq!(per_lease[i], once, "effects of lease {} in {:?}", i, plan);
+    }
+    prop_assert_eq!(
+        store.held_count().unwrap(),
+        0,
+        "a failed handler's held fact stayed"
+    );
+
+    // A handler runs at most twice, a lost lease's never, and one that failed (or any
+    // after the last failure) once.
+    let last_failure = want
+        .iter()
+        .rposition(|w| matches!(w, Expected::Failed | Expected::NotCompleted));
+    for (i, want) in want.iter().enumerate() {
+        let bound = match want {
+            Expected::LeaseLost => 0..=0,
+            Expected::Failed | Expected::NotCompleted => 1..=1,
+            Expected::Ok if last_failure.is_none_or(|f| i > f) => 1..=1,
+            Expected::Ok => 1..=2,
+        };
+        prop_assert!(
+            bound.contains(&calls[i]),
+            "lease {i} ran {} times in {plan:?}",
+            calls[i]
+        );
+    }
+
+    // The queue agrees: completed leases are gone, failed ones still leased.
+    let stats = store.queue_stats("ship").unwrap();
+    let ok = want.iter().filter(|w| **w == Expected::Ok).count();
+    let lost = want.iter().filter(|w| **w == Expected::LeaseLost).count();
+    prop_assert_eq!(stats.completed as usize, ok + lost);
+    prop_assert_eq!(stats.leased as usize, plan.len() - ok - lost);
+    Ok(calls)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+    #[test]
+    fn every_lease_of_a_batch_ends_as_if_completed_alone(
+        plan in prop::collection::vec(handler(), 1..14)
+    ) {
+        run(&plan)?;
+    }
+}
+
+#[test]
+fn a_failure_replays_only_the_leases_before_it() {
+    use Handler::*;
+    let plan = [
+        Completes, Completes, Fails, Completes, Completes, Forgets, Completes,
+    ];
+    // Each failure rolls back the pass it ends and runs again, one by one, the leases
+    // of that pass before it; the failing handler is not called again.
+    assert_eq!(run(&plan).unwrap(), vec![2, 2, 1, 2, 2, 1, 1]);
+}
+
+#[test]
+fn a_batch_without_failures_runs_each_handler_once() {
+    assert_eq!(run(&[Handler::Completes; 20]).unwrap(), vec![1; 20]);
+}
