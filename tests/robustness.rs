@@ -278,6 +278,39 @@ fn json_wrong_hash() {
     json_refused(text, "hash mismatch");
 }
 
+/// JSON leaves a repeated key's meaning open (serde_json keeps the last value), so one text
+/// could hash as two facts: every level refuses one, naming it and its path.
+#[test]
+fn json_duplicate_keys() {
+    let h = "ab".repeat(32);
+    let cases = [
+        (
+            r#"{"type": "A", "type": "B"}"#.to_string(),
+            r#"duplicate key "type" at the top level"#,
+        ),
+        (
+            r#"{"type": "T", "fields": {"a": 1, "a": 2}}"#.to_string(),
+            r#"duplicate key "a" at fields"#,
+        ),
+        (
+            format!(r#"{{"type": "T", "predecessors": {{"p": "{h}", "p": "{h}"}}}}"#),
+            r#"duplicate key "p" at predecessors"#,
+        ),
+        (
+            r#"{"type": "T", "predecessors": {"p": [{"type": "S", "fields": {"n": 1, "n": 1}}]}}"#
+                .to_string(),
+            r#"duplicate key "n" at predecessors.p[0].fields"#,
+        ),
+        (
+            r#"{"type": "T", "fields": {"m": {"$bytes": "00", "$bytes": "01"}}}"#.to_string(),
+            r#"duplicate key "$bytes" at fields.m"#,
+        ),
+    ];
+    for (text, want) in cases {
+        json_refused(&text, want);
+    }
+}
+
 #[test]
 fn json_too_many_predecessors() {
     let hashes: Vec<String> = (0..1025u32).map(|i| format!("{i:064x}")).collect();
