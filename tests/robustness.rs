@@ -13,7 +13,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::bin::Db;
-use common::fact;
+use common::{fact, shop};
 use precedent::query::{Arity, FactType, Givens, Query, Ref};
 use precedent::{Error, Fact, FactHash, Store, json};
 use sync_support::{CBOR, JSON_CT, Node, http, tokens};
@@ -686,6 +686,66 @@ fn query_deep_nesting() {
         assert_fails(&out, 1, "query at line");
     }
     assert_intact(&db);
+}
+
+/// The shop of `common::shop::three_orders` (orders with an `id`, role `shop`; a shipment
+/// with role `order`), and `query TEXT --given s=SHOP` run on it with and without
+/// `--strict`. A name no stored fact has is warned of on stderr and the query runs (exit
+/// 0); with `--strict` it is refused with the same text, exit 1 and nothing on stdout.
+/// Returns the stdout of the run without `--strict`.
+fn query_warned(text: &str, warning: &str) -> String {
+    let db = Db::init();
+    let (shop, _) = shop::three_orders(&mut db.store());
+    let given = format!("s={}", shop.hash());
+    let out = db.run(&["--json", "query", text, "--given", &given]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {err}");
+    assert!(err.contains("warning: query at line 1, column "), "{err}");
+    assert!(err.contains(warning), "{warning:?} not in stderr: {err}");
+    let strict = db.run(&["--json", "query", "--strict", text, "--given", &given]);
+    assert_fails(&strict, 1, warning);
+    assert!(strict.stdout.is_empty(), "{:?}", strict.stdout);
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn query_unknown_type() {
+    let out = query_warned(
+        "given s: Shop match o: Shop.Ordr where o->shop = s select o.id",
+        "column 21: no fact of type Shop.Ordr is stored; did you mean Shop.Order?",
+    );
+    assert_eq!(out, "");
+}
+
+#[test]
+fn query_unknown_role() {
+    let out = query_warned(
+        "given s: Shop match o: Shop.Order where o->shp = s select o.id",
+        "no stored fact has the role shp; did you mean shop?",
+    );
+    assert_eq!(out, "");
+}
+
+#[test]
+fn query_unknown_field() {
+    // The column of nulls a misspelled field gives.
+    let out = query_warned(
+        "given s: Shop match o: Shop.Order where o->shop = s select o.idd",
+        "no stored fact of type Shop.Order has the field idd; did you mean id?",
+    );
+    assert_eq!(out, "null\nnull\nnull\n");
+}
+
+#[test]
+fn query_unknown_type_in_not_exists() {
+    // Pending orders, with the shipment type misspelled: the `not exists` holds for every
+    // order, so the shipped order 2 is among the answers.
+    let out = query_warned(
+        "given s: Shop match o: Shop.Order where o->shop = s \
+         and not exists (match sh: Shop.Shipmnt where sh->order = o) select o.id",
+        "column 75: no fact of type Shop.Shipmnt is stored; did you mean Shop.Shipment?",
+    );
+    assert_eq!(out, "1\n2\n3\n");
 }
 
 // ---------------------------------------------------------------------------------------
