@@ -171,9 +171,12 @@ impl QueryCheck {
     /// then roles, then fields.
     ///
     /// # Errors
-    /// [`crate::Error::Backend`]; with [`QueryCheck::strict`], [`crate::Error::Query`] for
-    /// the first unknown name (the message counts the others).
+    /// [`crate::Error::Backend`]; [`crate::Error::Query`] for a query nested too deep
+    /// ([`Query::check_depth`]) and, with [`QueryCheck::strict`], for the first unknown
+    /// name (the message counts the others).
     pub fn run(&self, store: &Store, query: &Query) -> Result<Vec<QueryWarning>> {
+        // The walk below recurses once per level, as the compiler does.
+        query.check_depth()?;
         let mut known = self.registered.clone();
         add_queues(&mut known, store)?;
         let uses = Uses::of(query);
