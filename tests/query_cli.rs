@@ -131,6 +131,51 @@ fn query_errors_have_exit_codes_and_positions() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// `watch` checks names as `query` does: a misspelled type is warned of on stderr and the
+/// watch starts; with `--strict` it is refused at once, exit 1, nothing on stdout. A query
+/// whose names are all stored prints no warning.
+#[test]
+fn watch_warns_of_unknown_names_and_strict_refuses_them() {
+    let (_dir, db, shop) = shop_db();
+    let given = format!("s={}", shop.hash());
+    let typo = PENDING.replace("Shop.Shipment", "Shop.Shipmnt");
+    let out = precedent(&db)
+        .args(["watch", "--strict", &typo, "--given", &given])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no fact of type Shop.Shipmnt is stored; did you mean Shop.Shipment?"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+    let mut child = precedent(&db)
+        .args(["watch", &typo, "--given", &given])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Every order is "pending" when no shipment type matches: the wrong answer the
+    // warning is about.
+    for _ in 0..3 {
+        assert!(lines.next().unwrap().unwrap().contains("\"added\""));
+    }
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("warning: query at line 3, column 25: no fact of type Shop.Shipmnt"),
+        "{err}"
+    );
+    let out = precedent(&db)
+        .args(["query", "--strict", PENDING, "--given", &given])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "2 results\n");
+}
+
 #[test]
 fn watch_streams_additions_and_removals_from_other_processes() {
     let (_dir, db, shop) = shop_db();

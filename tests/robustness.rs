@@ -13,7 +13,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::bin::Db;
-use common::fact;
+use common::{fact, shop};
 use precedent::query::{Arity, FactType, Givens, Query, Ref};
 use precedent::{Error, Fact, FactHash, Store, json};
 use sync_support::{CBOR, JSON_CT, Node, http, tokens};
@@ -276,6 +276,39 @@ fn json_wrong_hash() {
     let err = json::parse_standalone(text).unwrap_err();
     assert!(matches!(err, Error::HashMismatch { .. }), "{err}");
     json_refused(text, "hash mismatch");
+}
+
+/// JSON leaves a repeated key's meaning open (serde_json keeps the last value), so one text
+/// could hash as two facts: every level refuses one, naming it and its path.
+#[test]
+fn json_duplicate_keys() {
+    let h = "ab".repeat(32);
+    let cases = [
+        (
+            r#"{"type": "A", "type": "B"}"#.to_string(),
+            r#"duplicate key "type" at the top level"#,
+        ),
+        (
+            r#"{"type": "T", "fields": {"a": 1, "a": 2}}"#.to_string(),
+            r#"duplicate key "a" at fields"#,
+        ),
+        (
+            format!(r#"{{"type": "T", "predecessors": {{"p": "{h}", "p": "{h}"}}}}"#),
+            r#"duplicate key "p" at predecessors"#,
+        ),
+        (
+            r#"{"type": "T", "predecessors": {"p": [{"type": "S", "fields": {"n": 1, "n": 1}}]}}"#
+                .to_string(),
+            r#"duplicate key "n" at predecessors.p[0].fields"#,
+        ),
+        (
+            r#"{"type": "T", "fields": {"m": {"$bytes": "00", "$bytes": "01"}}}"#.to_string(),
+            r#"duplicate key "$bytes" at fields.m"#,
+        ),
+    ];
+    for (text, want) in cases {
+        json_refused(&text, want);
+    }
 }
 
 #[test]
@@ -653,6 +686,66 @@ fn query_deep_nesting() {
         assert_fails(&out, 1, "query at line");
     }
     assert_intact(&db);
+}
+
+/// The shop of `common::shop::three_orders` (orders with an `id`, role `shop`; a shipment
+/// with role `order`), and `query TEXT --given s=SHOP` run on it with and without
+/// `--strict`. A name no stored fact has is warned of on stderr and the query runs (exit
+/// 0); with `--strict` it is refused with the same text, exit 1 and nothing on stdout.
+/// Returns the stdout of the run without `--strict`.
+fn query_warned(text: &str, warning: &str) -> String {
+    let db = Db::init();
+    let (shop, _) = shop::three_orders(&mut db.store());
+    let given = format!("s={}", shop.hash());
+    let out = db.run(&["--json", "query", text, "--given", &given]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {err}");
+    assert!(err.contains("warning: query at line 1, column "), "{err}");
+    assert!(err.contains(warning), "{warning:?} not in stderr: {err}");
+    let strict = db.run(&["--json", "query", "--strict", text, "--given", &given]);
+    assert_fails(&strict, 1, warning);
+    assert!(strict.stdout.is_empty(), "{:?}", strict.stdout);
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn query_unknown_type() {
+    let out = query_warned(
+        "given s: Shop match o: Shop.Ordr where o->shop = s select o.id",
+        "column 21: no fact of type Shop.Ordr is stored; did you mean Shop.Order?",
+    );
+    assert_eq!(out, "");
+}
+
+#[test]
+fn query_unknown_role() {
+    let out = query_warned(
+        "given s: Shop match o: Shop.Order where o->shp = s select o.id",
+        "no stored fact has the role shp; did you mean shop?",
+    );
+    assert_eq!(out, "");
+}
+
+#[test]
+fn query_unknown_field() {
+    // The column of nulls a misspelled field gives.
+    let out = query_warned(
+        "given s: Shop match o: Shop.Order where o->shop = s select o.idd",
+        "no stored fact of type Shop.Order has the field idd; did you mean id?",
+    );
+    assert_eq!(out, "null\nnull\nnull\n");
+}
+
+#[test]
+fn query_unknown_type_in_not_exists() {
+    // Pending orders, with the shipment type misspelled: the `not exists` holds for every
+    // order, so the shipped order 2 is among the answers.
+    let out = query_warned(
+        "given s: Shop match o: Shop.Order where o->shop = s \
+         and not exists (match sh: Shop.Shipmnt where sh->order = o) select o.id",
+        "column 75: no fact of type Shop.Shipmnt is stored; did you mean Shop.Shipment?",
+    );
+    assert_eq!(out, "1\n2\n3\n");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use precedent::json::JsonValue;
-use precedent::query::{Change, Givens, Projected, Query, QueryRow};
+use precedent::query::{Change, Givens, Projected, Query, QueryCheck, QueryRow};
 use precedent::{Error, Store};
 use serde_json::json;
 
@@ -29,6 +29,10 @@ pub struct QueryArgs {
     /// Bind a given: LABEL=HASH, the hash full or a unique prefix of 8+ hex digits.
     #[arg(long = "given", value_name = "LABEL=HASH")]
     pub given: Vec<String>,
+    /// Refuse (exit 1) a query naming a type, role or field that no stored fact has,
+    /// instead of warning on stderr and running it.
+    #[arg(long)]
+    pub strict: bool,
 }
 
 /// `precedent watch` arguments.
@@ -52,6 +56,10 @@ fn load(args: &QueryArgs, store: &Store) -> anyhow::Result<(Query, Givens)> {
         (None, None) => return Err(Failure::error(exit::USAGE, "give the query or -f FILE")),
     };
     let query = Query::parse(&text)?;
+    // A misspelled name matches nothing, which reads as a true answer: say so first.
+    for warning in QueryCheck::new().strict(args.strict).run(store, &query)? {
+        eprintln!("warning: {warning}");
+    }
     let mut givens = Givens::new();
     for g in &args.given {
         let Some((label, hash)) = g.split_once('=') else {

@@ -8,6 +8,7 @@
 //! small tree of its own: numbers are read from their text (serde_json's `RawValue`), and
 //! written back as that text.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::ops::Index;
 
@@ -29,7 +30,8 @@ pub enum JsonValue {
     String(String),
     /// An array.
     Array(Vec<JsonValue>),
-    /// An object: keys and values in order. Parsing keeps a repeated key's last value.
+    /// An object: keys and values in order. Parsing refuses a key written twice in one
+    /// object.
     Object(Vec<(String, JsonValue)>),
 }
 
@@ -81,10 +83,14 @@ impl From<i128> for JsonNumber {
 impl JsonValue {
     /// Parses one JSON text.
     ///
+    /// A key written twice in one object is refused (`duplicate key "a" at fields`), at
+    /// any depth: JSON leaves its meaning open (serde_json keeps the last value, other
+    /// readers the first), and two readers of one fact text must not build two facts.
+    ///
     /// # Errors
-    /// serde_json's error for text that is not JSON.
+    /// serde_json's error for text that is not JSON or repeats a key.
     pub fn parse(text: &str) -> serde_json::Result<JsonValue> {
-        from_raw(serde_json::from_str(text)?, 0)
+        from_raw(serde_json::from_str(text)?, &Place::Top, 0)
     }
 
     /// The JSON form of any serialisable value, integers of any width kept exactly (the
@@ -169,9 +175,32 @@ impl JsonValue {
 /// does.
 const MAX_NESTING: usize = 128;
 
-/// Builds the tree under one raw value at nesting level `depth`. Each object and array is
-/// read once more for its members, which is cheap at the nesting depths facts allow.
-fn from_raw(raw: &RawValue, depth: usize) -> serde_json::Result<JsonValue> {
+/// Where a value sits in the text being parsed: the keys and indexes from the top, written
+/// out (`fields.a`, `predecessors.items[1]`, as the JSON form's errors name a place) only
+/// when a message needs it.
+#[derive(Clone, Copy)]
+enum Place<'a> {
+    Top,
+    Key(&'a Place<'a>, &'a str),
+    Index(&'a Place<'a>, usize),
+}
+
+impl fmt::Display for Place<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Place::Top => f.write_str("the top level"),
+            Place::Key(Place::Top, k) => f.write_str(k),
+            Place::Key(up, k) => write!(f, "{up}.{k}"),
+            Place::Index(Place::Top, i) => write!(f, "[{i}]"),
+            Place::Index(up, i) => write!(f, "{up}[{i}]"),
+        }
+    }
+}
+
+/// Builds the tree under one raw value found at `at`, at nesting level `depth`. Each
+/// object and array is read once more for its members, which is cheap at the nesting
+/// depths facts allow.
+fn from_raw(raw: &RawValue, at: &Place<'_>, depth: usize) -> serde_json::Result<JsonValue> {
     let text = raw.get();
     if depth >= MAX_NESTING && text.starts_with(['{', '[']) {
         return Err(serde::de::Error::custom("recursion limit exceeded"));
@@ -179,16 +208,21 @@ fn from_raw(raw: &RawValue, depth: usize) -> serde_json::Result<JsonValue> {
     Ok(match text.as_bytes().first() {
         Some(b'{') => {
             let Entries(raw_entries) = serde_json::from_str(text)?;
-            let mut out = JsonValue::object();
+            check_unique(&raw_entries, at)?;
+            let mut out = Vec::with_capacity(raw_entries.len());
             for (k, v) in raw_entries {
-                out.insert(&k, from_raw(v, depth + 1)?);
+                let value = from_raw(v, &Place::Key(at, &k), depth + 1)?;
+                out.push((k, value));
             }
-            out
+            JsonValue::Object(out)
         }
         Some(b'[') => {
             let items: Vec<&RawValue> = serde_json::from_str(text)?;
-            let items = items.into_iter().map(|v| from_raw(v, depth + 1));
-            JsonValue::Array(items.collect::<Result<_, _>>()?)
+            let mut out = Vec::with_capacity(items.len());
+            for (i, v) in items.into_iter().enumerate() {
+                out.push(from_raw(v, &Place::Index(at, i), depth + 1)?);
+            }
+            JsonValue::Array(out)
         }
         Some(b'"') => JsonValue::String(serde_json::from_str(text)?),
         Some(b'-' | b'0'..=b'9') => JsonValue::Number(JsonNumber(text.to_string())),
@@ -197,6 +231,17 @@ fn from_raw(raw: &RawValue, depth: usize) -> serde_json::Result<JsonValue> {
             _ => JsonValue::Null,
         },
     })
+}
+
+/// Refuses an object that names a key twice, naming the first key repeated and where.
+fn check_unique(entries: &[(String, &RawValue)], at: &Place<'_>) -> serde_json::Result<()> {
+    let mut seen = HashSet::with_capacity(entries.len());
+    match entries.iter().find(|(k, _)| !seen.insert(k.as_str())) {
+        Some((k, _)) => Err(serde::de::Error::custom(format!(
+            "duplicate key {k:?} at {at}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// An object's members as raw values, in the order written.
@@ -387,11 +432,38 @@ mod tests {
     }
 
     #[test]
-    fn keys_keep_the_order_written_and_a_repeated_key_its_last_value() {
-        let v = JsonValue::parse(r#"{"b":1,"a":[true,null,"x"],"b":2}"#).unwrap();
-        assert_eq!(v.to_string(), r#"{"b":2,"a":[true,null,"x"]}"#);
-        assert_eq!(v, serde_json::json!({"a": [true, null, "x"], "b": 2}));
+    fn keys_keep_the_order_written() {
+        let v = JsonValue::parse(r#"{"b":1,"a":[true,null,"x"]}"#).unwrap();
+        assert_eq!(v.to_string(), r#"{"b":1,"a":[true,null,"x"]}"#);
+        assert_eq!(v, serde_json::json!({"a": [true, null, "x"], "b": 1}));
         assert!(JsonValue::parse("{\"a\":1").is_err());
+    }
+
+    /// serde_json would keep the last of two values and another reader the first, so one
+    /// text could stand for two facts: a repeated key is refused, with where it is.
+    #[test]
+    fn a_repeated_key_is_refused_with_its_path() {
+        let cases = [
+            (
+                r#"{"b":1,"a":2,"b":2}"#,
+                r#"duplicate key "b" at the top level"#,
+            ),
+            (r#"{"f":{"a":1,"a":1}}"#, r#"duplicate key "a" at f"#),
+            (
+                r#"{"f":[0,{"x":{"a":1,"a":2}}]}"#,
+                r#"duplicate key "a" at f[1].x"#,
+            ),
+            (
+                r#"{"a":{"b":1},"a":{"b":1}}"#,
+                r#"duplicate key "a" at the top level"#,
+            ),
+        ];
+        for (text, want) in cases {
+            let e = JsonValue::parse(text).unwrap_err().to_string();
+            assert_eq!(e, want, "{text}");
+        }
+        // The same key in two different objects is no repetition.
+        assert!(JsonValue::parse(r#"{"a":{"a":1},"b":{"a":1}}"#).is_ok());
     }
 
     /// serde_json's `arbitrary_precision` feature (which this crate once turned on) makes

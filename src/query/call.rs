@@ -29,6 +29,7 @@
 
 use serde::de::DeserializeOwned;
 
+use super::check::{QueryCheck, QueryWarning};
 use super::run::{Givens, QueryRow};
 use super::stream::QueryIter;
 use super::typed::{FactType, Ref};
@@ -146,6 +147,27 @@ impl<'s> PreparedQuery<'s> {
         }
         self.givens.insert(label.to_string(), fact.given_hash());
         Ok(self)
+    }
+
+    /// The names the query uses that no stored fact, declared queue or type registered
+    /// with `check` has ([`QueryCheck::run`]).
+    ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// use precedent::query::QueryCheck;
+    /// # let store = Store::open_in_memory()?;
+    /// store.insert(&Fact::builder("Shop").field("name", "corner").build()?)?;
+    /// let q = store.prepare("match s: Shop select s.nmae")?;
+    /// let warnings = q.check(&QueryCheck::new())?;
+    /// assert_eq!(warnings[0].suggestions, ["name"]);
+    /// assert!(q.check(&QueryCheck::new().strict(true)).is_err());
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`QueryCheck::run`].
+    pub fn check(&self, check: &QueryCheck) -> Result<Vec<QueryWarning>> {
+        check.run(self.store, &self.query)
     }
 
     /// The query.

@@ -33,11 +33,15 @@
 //!   ([`Store::query_each`](crate::Store::query_each), [`QueryIter`]).
 //! - [`typed`]: typed facts ([`FactType`], [`Ref`]).
 //! - `typed_rows`: results read into serde types ([`QueryRow::value_as`]).
+//! - `check`: names no stored fact has, with the nearest known ones ([`QueryCheck`],
+//!   [`Store::check_query`](crate::Store::check_query)); `nearest`: the edit distance.
 //! - `call`: fluent calls ([`Store::prepare`](crate::Store::prepare), [`PreparedQuery`]).
 //! - [`watch`]: live watches ([`Watch`]).
 
 mod call;
+mod check;
 pub mod model;
+mod nearest;
 mod parse;
 mod run;
 mod sql;
@@ -50,6 +54,7 @@ pub mod watch;
 use std::fmt;
 
 pub use call::{IntoGiven, PreparedQuery};
+pub use check::{QueryCheck, QueryWarning, Unknown};
 pub use model::{
     Cond, Condition, Given, Label, Match, OrderKey, Pos, Projection, Query, QueryBuilder, RolePath,
     SortBy, SubQuery, Test,

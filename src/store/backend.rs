@@ -455,6 +455,13 @@ pub trait ReadTx: Sql {
     /// [`Error::Backend`].
     fn name_id(&self, role: bool, name: &str) -> Result<Option<i64>>;
 
+    /// Every fact type name (`role == false`) or role name that some released fact uses,
+    /// sorted: what a query's names are checked against (`query::QueryCheck`).
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn names(&self, role: bool) -> Result<Vec<String>>;
+
     /// Released successors of the fact at `seq`, optionally through one role id and of one
     /// type id, in release order.
     ///

@@ -97,6 +97,18 @@ impl PendingNames {
     }
 }
 
+/// Every name in a table, sorted. Read from the table, not the cache: the cache holds only
+/// the names this process has met.
+pub(crate) fn all(conn: &Connection, kind: Kind) -> Result<Vec<String>> {
+    let sql = match kind {
+        Kind::Type => "SELECT name FROM fact_type ORDER BY name",
+        Kind::Role => "SELECT name FROM role ORDER BY name",
+    };
+    let mut stmt = conn.prepare_cached(sql)?;
+    let names = stmt.query_map([], |r| r.get(0))?;
+    Ok(names.collect::<rusqlite::Result<_>>()?)
+}
+
 /// The id of `name` in its table, inserted if absent.
 fn read_or_create(conn: &Connection, kind: Kind, name: &str) -> Result<i64> {
     let (select, insert) = sql(kind);

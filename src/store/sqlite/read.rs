@@ -121,6 +121,10 @@ impl<C: Deref<Target = Connection>> ReadTx for Tx<'_, C> {
         self.shared.names.lookup(&self.conn, Kind::of(role), name)
     }
 
+    fn names(&self, role: bool) -> Result<Vec<String>> {
+        super::names::all(&self.conn, Kind::of(role))
+    }
+
     fn successors(&self, seq: i64, role: Option<i64>, type_id: Option<i64>) -> Result<Vec<Fact>> {
         // The edge carries the successor's type, so with a role and a type the successors
         // are one range of the edge primary key `(predecessor, role_id, successor_type,

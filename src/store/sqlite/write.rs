@@ -99,6 +99,7 @@ impl ReadTx for SqliteWrite<'_> {
         seq_of(hash: &FactHash) -> Result<Option<i64>>;
         resolve_prefix(prefix: &HashPrefix) -> Result<FactHash>;
         name_id(role: bool, name: &str) -> Result<Option<i64>>;
+        names(role: bool) -> Result<Vec<String>>;
         successors(seq: i64, role: Option<i64>, type_id: Option<i64>) -> Result<Vec<Fact>>;
         walk(seq: i64, up: bool) -> Result<Vec<FactHash>>;
         for_each_of_type(type_id: i64, f: &mut dyn FnMut(Fact) -> Result<()>) -> Result<()>;
