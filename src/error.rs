@@ -51,6 +51,15 @@ pub enum Error {
         /// Why it is not a hash or prefix.
         reason: &'static str,
     },
+    /// A fact asked to be dropped from the held set that is released: released facts
+    /// are immutable and are never dropped.
+    #[error(
+        "fact {hash} is released, not held: released facts are immutable and cannot be dropped"
+    )]
+    NotHeld {
+        /// The released fact.
+        hash: FactHash,
+    },
     /// A prefix that matches no stored fact.
     #[error("no fact matches prefix {prefix}")]
     UnknownPrefix {

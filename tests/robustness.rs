@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::process::Output;
 use std::time::Duration;
 
-use common::bin::Db;
+use common::bin::{Db, code, stderr};
 use common::fact;
 use precedent::query::{Arity, FactType, Givens, Query, Ref};
 use precedent::{Error, Fact, FactHash, Store, json};
@@ -444,6 +444,68 @@ fn unknown_queue() {
         "no queue named",
     );
     assert_eq!(db.counts(), (0, 0));
+}
+
+// ---------------------------------------------------------------------------------------
+// The first hour (issue 16): held leftovers, peers, opening the database, serving
+
+/// A store with one released fact and one fact held behind a mistyped hash.
+fn typo_db() -> (Db, Fact, Fact) {
+    let db = Db::init();
+    let root = fact("Root", 1, &[]);
+    let held = fact("A", 1, &[FactHash([7; 32])]);
+    let store = db.store();
+    store.insert(&root).unwrap();
+    store.insert(&held).unwrap();
+    (db, root, held)
+}
+
+#[test]
+fn held_drop_of_a_released_fact() {
+    let (db, root, held) = typo_db();
+    let (root, held) = (root.hash().to_string(), held.hash().to_string());
+    let out = db.run(&["held", "drop", &held, &root]);
+    assert_fails(&out, 1, &format!("fact {root} is released, not held"));
+    assert_eq!(db.counts(), (1, 1));
+    // The held one alone, by prefix: dropped and printed.
+    assert_eq!(db.ok(&["held", "drop", &held[..8]]).trim(), held);
+    assert_eq!(db.counts(), (1, 0));
+    db.assert_clean();
+}
+
+#[test]
+fn held_drop_of_an_unknown_hash() {
+    let (db, _, held) = typo_db();
+    let held = held.hash().to_string();
+    let out = db.run(&["held", "drop", &held, "deadbeef"]);
+    assert_fails(&out, 3, "no fact matches prefix deadbeef");
+    let out = db.run(&["held", "drop", "dead"]);
+    assert_fails(&out, 1, "at least 8 hex digits");
+    let out = db.run(&["held", "drop"]);
+    assert_fails(&out, 2, "<HASH>");
+    assert_eq!(db.counts(), (1, 1));
+}
+
+#[test]
+fn held_expire_bad_duration() {
+    let (db, _, held) = typo_db();
+    for bad in ["1x", "soon", ""] {
+        let out = db.run(&["held", "expire", "--older-than", bad]);
+        assert_fails(&out, 2, "--older-than");
+    }
+    let out = db.run(&["held", "expire"]);
+    assert_fails(&out, 2, "--older-than");
+    assert_eq!(db.counts(), (1, 1));
+    // A fact held a moment ago is not an hour old; it is zero seconds old.
+    let out = db.run(&["held", "expire", "--older-than", "1h30m"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("no fact has been held for longer than 1h 30m"));
+    assert_eq!(db.counts(), (1, 1));
+    let out = db.json(&["held", "expire", "--older-than", "0s"]);
+    assert_eq!(out["dropped"], serde_json::json!([held.hash().to_string()]));
+    assert_eq!(db.counts(), (1, 0));
+    // Listing, with and without --limit, is unchanged by the subcommands.
+    assert!(db.ok(&["held", "--limit", "1"]).contains("no held facts"));
 }
 
 // ---------------------------------------------------------------------------------------

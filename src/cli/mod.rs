@@ -59,6 +59,7 @@ pub fn exit_code(err: &Error) -> u8 {
         | Error::HashMismatch { .. }
         | Error::BadHash { .. }
         | Error::HeldLimit { .. }
+        | Error::NotHeld { .. }
         | Error::Query(_)
         | Error::WrongType { .. } => exit::INVALID,
         Error::NotFound { .. } | Error::UnknownPrefix { .. } | Error::AmbiguousPrefix { .. } => {
@@ -165,7 +166,18 @@ pub fn run(cli: Cli) -> ExitCode {
             after,
             output,
         } => export::export(&global, format, after, output.as_deref()),
-        Command::Held { limit } => inspect::held(&global, limit),
+        Command::Held {
+            action: None,
+            limit,
+        } => inspect::held(&global, limit),
+        Command::Held {
+            action: Some(args::HeldCommand::Drop { hashes }),
+            ..
+        } => inspect::held_drop(&global, &hashes),
+        Command::Held {
+            action: Some(args::HeldCommand::Expire { older_than }),
+            ..
+        } => inspect::held_expire(&global, older_than),
         Command::Verify => inspect::verify(&global),
         Command::Stats => inspect::stats(&global),
         Command::Demo => demo::demo(&global),

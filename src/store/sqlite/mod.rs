@@ -5,6 +5,7 @@
 //!   errors.
 //! - `names.rs`: type and role ids, cached.
 //! - `write.rs`: inserts, the held set and its cascades, release.
+//! - `held.rs`: dropping held facts (and what waits for them) from the held set.
 //! - `read.rs`: reads; `verify.rs`: the whole-store check.
 //! - `functions.rs`: the scalar functions compiled queries call.
 //!
@@ -14,6 +15,7 @@
 
 mod conn;
 mod functions;
+mod held;
 mod names;
 #[cfg(test)]
 mod plans;
