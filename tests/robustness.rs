@@ -508,6 +508,24 @@ fn held_expire_bad_duration() {
     assert!(db.ok(&["held", "--limit", "1"]).contains("no held facts"));
 }
 
+#[test]
+fn peers_rm_unknown_url() {
+    let db = Db::init();
+    // A sync to a mistyped URL fails, and leaves the peer listed with its error.
+    let typo = "http://127.0.0.1:1";
+    let out = db.run(&["sync", typo]);
+    assert_fails(&out, 5, typo);
+    assert!(db.ok(&["peers"]).contains(typo));
+    let out = db.run(&["peers", "rm", "http://127.0.0.1:2"]);
+    assert_fails(&out, 3, "no peer \"http://127.0.0.1:2\"");
+    let out = db.run(&["peers", "rm"]);
+    assert_fails(&out, 2, "<URL>");
+    assert_eq!(db.store().peers().unwrap().len(), 1);
+    assert!(db.ok(&["peers", "rm", typo]).contains("forgot peer"));
+    assert!(db.store().peers().unwrap().is_empty());
+    assert!(db.ok(&["peers"]).contains("no peers"));
+}
+
 // ---------------------------------------------------------------------------------------
 // Query injection
 

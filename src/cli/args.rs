@@ -109,8 +109,12 @@ pub enum Command {
     Serve(crate::cli::sync::ServeArgs),
     /// Sync with a node served by `precedent serve`: pull, fetch missing ancestors, push.
     Sync(crate::cli::sync::SyncArgs),
-    /// List the nodes this database syncs with: bookmarks, last sync, lag, last error.
-    Peers,
+    /// List the nodes this database syncs with: bookmarks, last sync, lag, last error;
+    /// `peers rm URL` forgets one (a mistyped URL, say).
+    Peers {
+        #[command(subcommand)]
+        action: Option<PeersCommand>,
+    },
     /// Poison: records refused at the door by sync (failed decoding or hashing), and
     /// (`poison queue ...`) inputs of a work queue that no retry can fix.
     #[command(subcommand)]
@@ -144,6 +148,17 @@ pub enum HeldCommand {
         /// How long a fact may stay held: `90s`, `1h30m`, `7d`, `2w`.
         #[arg(long, value_name = "DUR", value_parser = parse_duration)]
         older_than: Duration,
+    },
+}
+
+/// `precedent peers ...`.
+#[derive(Subcommand, Debug)]
+pub enum PeersCommand {
+    /// Forget a peer: its bookmarks, last sync and last error (no fact is touched). A
+    /// later sync with it starts from the beginning.
+    Rm {
+        /// The peer's URL exactly as `precedent peers` lists it.
+        url: String,
     },
 }
 

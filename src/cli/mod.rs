@@ -16,6 +16,7 @@ mod export;
 mod facts;
 mod import;
 mod inspect;
+mod peers;
 mod query;
 mod queue;
 mod records;
@@ -185,7 +186,10 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Watch(a) => query::watch(&global, a),
         Command::Serve(a) => sync::serve(&global, a),
         Command::Sync(a) => sync::sync(&global, a),
-        Command::Peers => sync::peers(&global),
+        Command::Peers { action: None } => sync::peers(&global),
+        Command::Peers {
+            action: Some(args::PeersCommand::Rm { url }),
+        } => peers::rm(&global, &url),
         Command::Poison(queue::PoisonGroup::Sync(c)) => sync::poison(&global, c),
         Command::Poison(queue::PoisonGroup::Queue(c)) => {
             queue::entries(&global, c, precedent::queue::ItemState::Poison)
