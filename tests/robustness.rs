@@ -526,6 +526,62 @@ fn peers_rm_unknown_url() {
     assert!(db.ok(&["peers"]).contains("no peers"));
 }
 
+/// `serve` started with `args`: the stderr lines it wrote up to the one naming its
+/// address, and the child, which the caller kills. `None` (with stderr) if it exited.
+fn serve_lines(db: &Db, args: &[&str]) -> Result<(Vec<String>, std::process::Child), String> {
+    use std::io::BufRead;
+    let mut child = db
+        .cmd(&[&["serve"], args].concat())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = Vec::new();
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let done = line.starts_with("listening on ");
+        seen.push(line);
+        if done {
+            return Ok((seen, child));
+        }
+    }
+    let status = child.wait().unwrap();
+    Err(format!("{status}: {}", seen.join("\n")))
+}
+
+#[test]
+fn serve_open_on_a_public_address() {
+    let db = Db::init();
+    for listen in ["0.0.0.0:0", "[::]:0"] {
+        let out = db.run(&["serve", "--listen", listen]);
+        assert_fails(&out, 2, "without --tokens");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        for hint in ["\"tokens\": [", "--tokens FILE", "127.0.0.1", "--insecure"] {
+            assert!(err.contains(hint), "{hint:?} not in {err}");
+        }
+    }
+    // Loopback needs no tokens; a public address with --insecure or with tokens starts.
+    let tokens = db.path.with_file_name("tokens.json");
+    std::fs::write(
+        &tokens,
+        r#"{"tokens": [{"name": "t", "token": "s3cret", "read": true}]}"#,
+    )
+    .unwrap();
+    let tokens = tokens.to_str().unwrap();
+    for (args, warning) in [
+        (&["--listen", "127.0.0.1:0"][..], None),
+        (&["--listen", "0.0.0.0:0", "--insecure"], Some("--insecure")),
+        (&["--listen", "0.0.0.0:0", "--tokens", tokens], None),
+    ] {
+        let (lines, mut child) = serve_lines(&db, args).unwrap();
+        common::process::kill(&mut child);
+        let warned = lines.iter().any(|l| l.starts_with("warning: --insecure"));
+        assert_eq!(warned, warning.is_some(), "{args:?}: {lines:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Query injection
 

@@ -40,8 +40,7 @@ pub mod exit {
     pub const OK: u8 = 0;
     /// Invalid input (a bad fact, record or hash), or `verify` found problems.
     pub const INVALID: u8 = 1;
-    /// Usage error: bad arguments (clap's default).
-    #[allow(dead_code)]
+    /// Usage error: bad arguments (clap's default), or arguments that do not go together.
     pub const USAGE: u8 = 2;
     /// Not found: an unknown (or ambiguous) hash or prefix.
     pub const NOT_FOUND: u8 = 3;
