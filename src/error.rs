@@ -92,6 +92,35 @@ pub enum Error {
         /// The version recorded in the database.
         found: u32,
     },
+    /// The database cannot be opened at `path`: its directory does not exist, it is not
+    /// there (a read-only open creates nothing), or it or its directory is not writable.
+    #[error("cannot open {}: {reason}", path.display())]
+    Open {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// Why, in words a person can act on.
+        reason: String,
+    },
+    /// A read-only open ([`crate::StoreOptions::read_only`]) of a database written at an
+    /// older schema version: migrating it would write, so it is not opened.
+    #[error(
+        "cannot open {} read-only: its schema version {found} must first be migrated to {supported}, which writes to it",
+        path.display()
+    )]
+    NeedsMigration {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// The version recorded in the database.
+        found: u32,
+        /// The version this binary writes.
+        supported: u32,
+    },
+    /// A write to a store opened read-only ([`crate::StoreOptions::read_only`]).
+    #[error("database {} is open read-only: nothing can be written to it", path.display())]
+    ReadOnly {
+        /// The database file.
+        path: std::path::PathBuf,
+    },
     /// A stored row that does not match what was written.
     #[error("corrupt fact {hash}: {reason}")]
     Corrupt {

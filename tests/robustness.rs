@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::process::Output;
 use std::time::Duration;
 
-use common::bin::{Db, code, stderr};
+use common::bin::{Db, code, stderr, stdout};
 use common::fact;
 use precedent::query::{Arity, FactType, Givens, Query, Ref};
 use precedent::{Error, Fact, FactHash, Store, json};
@@ -524,6 +524,152 @@ fn peers_rm_unknown_url() {
     assert!(db.ok(&["peers", "rm", typo]).contains("forgot peer"));
     assert!(db.store().peers().unwrap().is_empty());
     assert!(db.ok(&["peers"]).contains("no peers"));
+}
+
+#[test]
+fn open_in_a_missing_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no").join("such");
+    let path = missing.join("x.db");
+    let want = format!(
+        "error: cannot open {}: directory {} does not exist\n",
+        path.display(),
+        missing.display()
+    );
+    let add = r#"{"type": "A", "fields": {}}"#;
+    for args in [
+        &["stats"][..],
+        &["init"],
+        &["add", add],
+        &["--read-only", "stats"],
+        &["held"],
+    ] {
+        let out = common::bin::run(&path, args, b"");
+        assert_eq!(code(&out), 4, "{args:?}");
+        assert_eq!(stderr(&out), want, "{args:?}");
+    }
+    assert!(!missing.exists());
+}
+
+/// A database whose directory this process cannot write: commands that only read work,
+/// a write fails naming the path, `--read-only` refuses writes before opening, and
+/// nothing is written. Root ignores directory permissions, so as root the commands run
+/// as the user `nobody` (uid 65534).
+#[test]
+fn open_in_a_read_only_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.db");
+    let root = fact("Root", 1, &[]);
+    Store::open(&path).unwrap().insert(&root).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let mode = |p: &std::path::Path, m| std::fs::set_permissions(p, PermissionsExt::from_mode(m));
+    mode(&path, 0o644).unwrap();
+    mode(dir.path(), 0o555).unwrap();
+    let as_root = unsafe { libc::geteuid() } == 0;
+    let run_at = |db: &std::path::Path, args: &[&str]| {
+        let mut c = common::bin::cmd(db, args);
+        if as_root {
+            c.uid(65534).gid(65534);
+        }
+        c.output().unwrap()
+    };
+    let run = |args: &[&str]| run_at(&path, args);
+    // The premise: this process (or nobody) cannot create a file there.
+    let probe = run_at(&dir.path().join("probe.db"), &["init"]);
+    assert_eq!(code(&probe), 4, "{}", stderr(&probe));
+
+    let out = run(&["--json", "stats"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("\"released\":1"), "{}", stdout(&out));
+    let hash = root.hash().to_string();
+    for args in [&["get", &hash[..]][..], &["export"], &["verify"], &["held"]] {
+        let out = run(args);
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+    }
+    let add = r#"{"type": "A", "fields": {}}"#;
+    let out = run(&["add", add]);
+    assert_fails(&out, 4, &format!("cannot open {}", path.display()));
+    assert!(stderr(&out).contains("not writable"), "{}", stderr(&out));
+    let out = run(&["--read-only", "add", add]);
+    assert_fails(&out, 2, "--read-only: this command writes to");
+
+    mode(dir.path(), 0o755).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("x.db")]);
+}
+
+#[test]
+fn read_only_flag_refuses_writes() {
+    let (db, root, held) = typo_db();
+    let hash = root.hash().to_string();
+    let held = held.hash().to_string();
+    let add = r#"{"type": "A", "fields": {}}"#;
+    for args in [
+        &["add", add][..],
+        &["init"],
+        &["held", "drop", &held],
+        &["held", "expire", "--older-than", "0s"],
+        &["peers", "rm", "http://x"],
+        &["queue", "rm", "q"],
+        &["demo"],
+    ] {
+        let out = db.run(&[&["--read-only"], args].concat());
+        assert_fails(&out, 2, "--read-only: this command writes to");
+    }
+    let out = db.run_with(&["--read-only", "import", "-"], add.as_bytes());
+    assert_fails(&out, 2, "--read-only");
+    assert_eq!(db.counts(), (1, 1));
+    for args in [
+        &["stats"][..],
+        &["get", &hash],
+        &["export"],
+        &["held"],
+        &["verify"],
+        &["peers"],
+        &["query", "match a: Root select a"],
+        &["queue", "list"],
+    ] {
+        db.ok(&[&["--read-only"], args].concat());
+    }
+    // A read-only open creates nothing.
+    let missing = db.path.with_file_name("missing.db");
+    let out = common::bin::run(&missing, &["--read-only", "stats"], b"");
+    assert_fails(&out, 4, "no database at");
+    assert!(!missing.exists());
+}
+
+#[test]
+fn read_only_open_needing_migration() {
+    let db = Db::new();
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/schemas/v5.db");
+    std::fs::copy(fixture, &db.path).unwrap();
+    let before = std::fs::read(&db.path).unwrap();
+    let out = db.run(&["--read-only", "stats"]);
+    assert_fails(&out, 4, "schema version 5 must first be migrated to");
+    assert!(stderr(&out).contains("run `precedent init` once without --read-only"));
+    assert_eq!(std::fs::read(&db.path).unwrap(), before);
+    let err = Store::open_with(
+        &db.path,
+        precedent::StoreOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(err, Error::NeedsMigration { found: 5, .. }),
+        "{err}"
+    );
+    // A command that only reads, without --read-only, migrates it as it always did.
+    db.ok(&["stats"]);
+    db.ok(&["--read-only", "stats"]);
 }
 
 /// `serve` started with `args`: the stderr lines it wrote up to the one naming its

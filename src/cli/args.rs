@@ -25,6 +25,12 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// Open the database read-only, as sqlite3's -readonly: a command that writes is
+    /// refused, and nothing is created or migrated. (Commands that only read open it
+    /// read-only anyway.)
+    #[arg(long, global = true)]
+    pub read_only: bool,
+
     /// Most facts that may be held waiting for ancestors at once (default 1,000,000).
     #[arg(long, global = true, value_name = "N")]
     pub max_held: Option<u64>,

@@ -6,6 +6,7 @@
 //!   index) are kept in the transaction that releases each fact.
 //! - `sqlite/`: the SQLite backend; all of the core's SQL.
 //! - `types.rs`: the values the core hands out.
+//! - `held.rs`: dropping held facts that will never be released.
 //!
 //! The core knows nothing of what is built on it: queues (`src/queue/`), sync
 //! (`src/sync/`) and queries (`src/query/`) reach the database through this module's
@@ -20,6 +21,7 @@
 //! that transaction's uncommitted writes: read through the [`Writer`] for those.
 
 mod backend;
+mod held;
 mod sqlite;
 mod types;
 
@@ -72,6 +74,10 @@ pub struct StoreOptions {
     /// Called in the transaction that releases each fact, in order. Default: the queue
     /// index. An application may add its own (see [`ReleaseHook`]).
     pub release_hooks: Vec<Arc<dyn ReleaseHook>>,
+    /// Open the database for reading only. Nothing is created or migrated: a missing
+    /// file is [`Error::Open`], one at an older schema version [`Error::NeedsMigration`],
+    /// and every write fails with [`Error::ReadOnly`]. Default `false`.
+    pub read_only: bool,
 }
 
 impl std::fmt::Debug for StoreOptions {
@@ -82,6 +88,7 @@ impl std::fmt::Debug for StoreOptions {
             .field("cache_mib", &self.cache_mib)
             .field("busy_timeout", &self.busy_timeout)
             .field("release_hooks", &self.release_hooks.len())
+            .field("read_only", &self.read_only)
             .finish_non_exhaustive()
     }
 }
@@ -96,6 +103,7 @@ impl StoreOptions {
             busy_timeout: Duration::from_secs(5),
             clock: Arc::new(SystemClock),
             release_hooks: Vec::new(),
+            read_only: false,
         }
     }
 }
@@ -142,16 +150,33 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// [`Error::SchemaTooNew`] for a database written by a newer precedent, or
-    /// [`Error::Backend`] if the file cannot be opened as a database.
+    /// [`Error::SchemaTooNew`] for a database written by a newer precedent;
+    /// [`Error::Open`] if its directory does not exist or the file or directory is not
+    /// writable; [`Error::Backend`] if the file cannot be opened as a database.
     pub fn open(path: impl AsRef<Path>) -> Result<Store> {
         Store::open_with(path, StoreOptions::default())
     }
 
     /// Opens the store at `path` with `options`.
     ///
+    /// ```
+    /// # use precedent::{Error, Store, StoreOptions};
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("facts.db");
+    /// let read_only = StoreOptions { read_only: true, ..StoreOptions::default() };
+    /// // A read-only open creates nothing.
+    /// assert!(matches!(Store::open_with(&path, read_only.clone()), Err(Error::Open { .. })));
+    /// drop(Store::open(&path)?);
+    /// let store = Store::open_with(&path, read_only)?;
+    /// assert_eq!(store.stats()?.released, 0);
+    /// let fact = precedent::Fact::builder("Shop").build()?;
+    /// assert!(matches!(store.insert(&fact), Err(Error::ReadOnly { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
-    /// As [`Store::open`].
+    /// As [`Store::open`]; with [`StoreOptions::read_only`], [`Error::Open`] for a missing
+    /// file and [`Error::NeedsMigration`] for a database at an older schema version.
     pub fn open_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
         let backend = SqliteBackend::open(path.as_ref(), options.clone())?;
         Ok(Store::with_backend(Box::new(backend), options))
@@ -485,47 +510,6 @@ impl Store {
     /// [`Error::Backend`].
     pub fn held_count(&self) -> Result<u64> {
         self.read(|r| r.held_count())
-    }
-
-    /// Drops held facts, in one transaction: each of `hashes`, and every held fact that
-    /// waits for one of them, directly or through other held facts (it could be released
-    /// only after the dropped fact, which is no longer stored). Returns the hashes
-    /// dropped, `hashes` first. A dropped fact that arrives again is stored anew.
-    ///
-    /// This is for facts that will never be released, such as one held behind a
-    /// mistyped hash; released facts are immutable and are never dropped.
-    ///
-    /// ```
-    /// # use precedent::{Fact, FactHash, Store};
-    /// let store = Store::open_in_memory()?;
-    /// let typo = FactHash([7; 32]); // no such fact
-    /// let order = Fact::builder("Shop.Order").field("id", 1).predecessor("shop", typo).build()?;
-    /// let line = Fact::builder("Shop.Line").field("n", 1).predecessor("order", order.hash()).build()?;
-    /// store.insert_batch(vec![order.clone(), line.clone()])?;
-    /// assert_eq!(store.held_count()?, 2);
-    /// // The line waits for the order: it goes with it.
-    /// assert_eq!(store.drop_held(&[order.hash()])?, vec![order.hash(), line.hash()]);
-    /// assert_eq!(store.held_count()?, 0);
-    /// # Ok::<(), precedent::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::NotHeld`] if one of `hashes` is released, [`Error::NotFound`] if one is
-    /// not stored; nothing is dropped then. [`Error::Backend`].
-    pub fn drop_held(&self, hashes: &[FactHash]) -> Result<Vec<FactHash>> {
-        self.write(|w| w.tx.drop_held(hashes))
-    }
-
-    /// Drops, in one transaction, every held fact first held at least `older_than` ago
-    /// (by the store's clock), with what waits for them, as [`Store::drop_held`] does.
-    /// Returns the hashes dropped.
-    ///
-    /// # Errors
-    /// [`Error::Backend`].
-    pub fn expire_held(&self, older_than: Duration) -> Result<Vec<FactHash>> {
-        let ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        let cutoff = self.options.clock.now_ms().saturating_sub(ms);
-        self.write(|w| w.tx.drop_held_before(cutoff))
     }
 
     /// Counts per type, held and edges, and the database size.
