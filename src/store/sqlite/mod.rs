@@ -320,8 +320,8 @@ fn explain_open(err: Error, path: &Path) -> Error {
     let said = b.message.trim_start_matches("sqlite: ");
     let reason = if said.contains("readonly") || said.contains("unable to open") {
         format!(
-            "{said}: the file or its directory {} is not writable (SQLite keeps {name}-wal \
-             and {name}-shm beside the database, also to read it)",
+            "{said}: the file or its directory {} is not writable, or the file not readable \
+             (SQLite keeps {name}-wal and {name}-shm beside the database, also to read it)",
             dir.display()
         )
     } else {
