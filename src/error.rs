@@ -51,6 +51,15 @@ pub enum Error {
         /// Why it is not a hash or prefix.
         reason: &'static str,
     },
+    /// A fact asked to be dropped from the held set that is released: released facts
+    /// are immutable and are never dropped.
+    #[error(
+        "fact {hash} is released, not held: released facts are immutable and cannot be dropped"
+    )]
+    NotHeld {
+        /// The released fact.
+        hash: FactHash,
+    },
     /// A prefix that matches no stored fact.
     #[error("no fact matches prefix {prefix}")]
     UnknownPrefix {
@@ -82,6 +91,35 @@ pub enum Error {
         supported: u32,
         /// The version recorded in the database.
         found: u32,
+    },
+    /// The database cannot be opened at `path`: its directory does not exist, it is not
+    /// there (a read-only open creates nothing), or it or its directory is not writable.
+    #[error("cannot open {}: {reason}", path.display())]
+    Open {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// Why, in words a person can act on.
+        reason: String,
+    },
+    /// A read-only open ([`crate::StoreOptions::read_only`]) of a database written at an
+    /// older schema version: migrating it would write, so it is not opened.
+    #[error(
+        "cannot open {} read-only: its schema version {found} must first be migrated to {supported}, which writes to it",
+        path.display()
+    )]
+    NeedsMigration {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// The version recorded in the database.
+        found: u32,
+        /// The version this binary writes.
+        supported: u32,
+    },
+    /// A write to a store opened read-only ([`crate::StoreOptions::read_only`]).
+    #[error("database {} is open read-only: nothing can be written to it", path.display())]
+    ReadOnly {
+        /// The database file.
+        path: std::path::PathBuf,
     },
     /// A stored row that does not match what was written.
     #[error("corrupt fact {hash}: {reason}")]

@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::process::Output;
 use std::time::Duration;
 
-use common::bin::Db;
+use common::bin::{Db, code, stderr, stdout};
 use common::{fact, shop};
 use precedent::query::{Arity, FactType, Givens, Query, Ref};
 use precedent::{Error, Fact, FactHash, Store, json};
@@ -477,6 +477,288 @@ fn unknown_queue() {
         "no queue named",
     );
     assert_eq!(db.counts(), (0, 0));
+}
+
+// ---------------------------------------------------------------------------------------
+// The first hour (issue 16): held leftovers, peers, opening the database, serving
+
+/// A store with one released fact and one fact held behind a mistyped hash.
+fn typo_db() -> (Db, Fact, Fact) {
+    let db = Db::init();
+    let root = fact("Root", 1, &[]);
+    let held = fact("A", 1, &[FactHash([7; 32])]);
+    let store = db.store();
+    store.insert(&root).unwrap();
+    store.insert(&held).unwrap();
+    (db, root, held)
+}
+
+#[test]
+fn held_drop_of_a_released_fact() {
+    let (db, root, held) = typo_db();
+    let (root, held) = (root.hash().to_string(), held.hash().to_string());
+    let out = db.run(&["held", "drop", &held, &root]);
+    assert_fails(&out, 1, &format!("fact {root} is released, not held"));
+    assert_eq!(db.counts(), (1, 1));
+    // The held one alone, by prefix: dropped and printed.
+    assert_eq!(db.ok(&["held", "drop", &held[..8]]).trim(), held);
+    assert_eq!(db.counts(), (1, 0));
+    db.assert_clean();
+}
+
+#[test]
+fn held_drop_of_an_unknown_hash() {
+    let (db, _, held) = typo_db();
+    let held = held.hash().to_string();
+    let out = db.run(&["held", "drop", &held, "deadbeef"]);
+    assert_fails(&out, 3, "no fact matches prefix deadbeef");
+    let out = db.run(&["held", "drop", "dead"]);
+    assert_fails(&out, 1, "at least 8 hex digits");
+    let out = db.run(&["held", "drop"]);
+    assert_fails(&out, 2, "<HASH>");
+    assert_eq!(db.counts(), (1, 1));
+}
+
+#[test]
+fn held_expire_bad_duration() {
+    let (db, _, held) = typo_db();
+    for bad in ["1x", "soon", ""] {
+        let out = db.run(&["held", "expire", "--older-than", bad]);
+        assert_fails(&out, 2, "--older-than");
+    }
+    let out = db.run(&["held", "expire"]);
+    assert_fails(&out, 2, "--older-than");
+    assert_eq!(db.counts(), (1, 1));
+    // A fact held a moment ago is not an hour old; it is zero seconds old.
+    let out = db.run(&["held", "expire", "--older-than", "1h30m"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("no fact has been held for longer than 1h 30m"));
+    assert_eq!(db.counts(), (1, 1));
+    let out = db.json(&["held", "expire", "--older-than", "0s"]);
+    assert_eq!(out["dropped"], serde_json::json!([held.hash().to_string()]));
+    assert_eq!(db.counts(), (1, 0));
+    // Listing, with and without --limit, is unchanged by the subcommands.
+    assert!(db.ok(&["held", "--limit", "1"]).contains("no held facts"));
+}
+
+#[test]
+fn peers_rm_unknown_url() {
+    let db = Db::init();
+    // A sync to a mistyped URL fails, and leaves the peer listed with its error.
+    let typo = "http://127.0.0.1:1";
+    let out = db.run(&["sync", typo]);
+    assert_fails(&out, 5, typo);
+    assert!(db.ok(&["peers"]).contains(typo));
+    let out = db.run(&["peers", "rm", "http://127.0.0.1:2"]);
+    assert_fails(&out, 3, "no peer \"http://127.0.0.1:2\"");
+    let out = db.run(&["peers", "rm"]);
+    assert_fails(&out, 2, "<URL>");
+    assert_eq!(db.store().peers().unwrap().len(), 1);
+    assert!(db.ok(&["peers", "rm", typo]).contains("forgot peer"));
+    assert!(db.store().peers().unwrap().is_empty());
+    assert!(db.ok(&["peers"]).contains("no peers"));
+}
+
+#[test]
+fn open_in_a_missing_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no").join("such");
+    let path = missing.join("x.db");
+    let want = format!(
+        "error: cannot open {}: directory {} does not exist\n",
+        path.display(),
+        missing.display()
+    );
+    let add = r#"{"type": "A", "fields": {}}"#;
+    for args in [
+        &["stats"][..],
+        &["init"],
+        &["add", add],
+        &["--read-only", "stats"],
+        &["held"],
+    ] {
+        let out = common::bin::run(&path, args, b"");
+        assert_eq!(code(&out), 4, "{args:?}");
+        assert_eq!(stderr(&out), want, "{args:?}");
+    }
+    assert!(!missing.exists());
+}
+
+/// A database whose directory this process cannot write: commands that only read work,
+/// a write fails naming the path, `--read-only` refuses writes before opening, and
+/// nothing is written. Root ignores directory permissions, so as root the commands run
+/// as the user `nobody` (uid 65534).
+#[test]
+fn open_in_a_read_only_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.db");
+    let root = fact("Root", 1, &[]);
+    Store::open(&path).unwrap().insert(&root).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let mode = |p: &std::path::Path, m| std::fs::set_permissions(p, PermissionsExt::from_mode(m));
+    mode(&path, 0o644).unwrap();
+    mode(dir.path(), 0o555).unwrap();
+    let as_root = unsafe { libc::geteuid() } == 0;
+    let run_at = |db: &std::path::Path, args: &[&str]| {
+        let mut c = common::bin::cmd(db, args);
+        if as_root {
+            c.uid(65534).gid(65534);
+        }
+        c.output().unwrap()
+    };
+    let run = |args: &[&str]| run_at(&path, args);
+    // The premise: this process (or nobody) cannot create a file there.
+    let probe = run_at(&dir.path().join("probe.db"), &["init"]);
+    assert_eq!(code(&probe), 4, "{}", stderr(&probe));
+
+    let out = run(&["--json", "stats"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("\"released\":1"), "{}", stdout(&out));
+    let hash = root.hash().to_string();
+    for args in [&["get", &hash[..]][..], &["export"], &["verify"], &["held"]] {
+        let out = run(args);
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+    }
+    let add = r#"{"type": "A", "fields": {}}"#;
+    let out = run(&["add", add]);
+    assert_fails(&out, 4, &format!("cannot open {}", path.display()));
+    assert!(stderr(&out).contains("not writable"), "{}", stderr(&out));
+    let out = run(&["--read-only", "add", add]);
+    assert_fails(&out, 2, "--read-only: this command writes to");
+
+    mode(dir.path(), 0o755).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("x.db")]);
+}
+
+#[test]
+fn read_only_flag_refuses_writes() {
+    let (db, root, held) = typo_db();
+    let hash = root.hash().to_string();
+    let held = held.hash().to_string();
+    let add = r#"{"type": "A", "fields": {}}"#;
+    for args in [
+        &["add", add][..],
+        &["init"],
+        &["held", "drop", &held],
+        &["held", "expire", "--older-than", "0s"],
+        &["peers", "rm", "http://x"],
+        &["queue", "rm", "q"],
+        &["demo"],
+    ] {
+        let out = db.run(&[&["--read-only"], args].concat());
+        assert_fails(&out, 2, "--read-only: this command writes to");
+    }
+    let out = db.run_with(&["--read-only", "import", "-"], add.as_bytes());
+    assert_fails(&out, 2, "--read-only");
+    assert_eq!(db.counts(), (1, 1));
+    for args in [
+        &["stats"][..],
+        &["get", &hash],
+        &["export"],
+        &["held"],
+        &["verify"],
+        &["peers"],
+        &["query", "match a: Root select a"],
+        &["queue", "list"],
+    ] {
+        db.ok(&[&["--read-only"], args].concat());
+    }
+    // A read-only open creates nothing.
+    let missing = db.path.with_file_name("missing.db");
+    let out = common::bin::run(&missing, &["--read-only", "stats"], b"");
+    assert_fails(&out, 4, "no database at");
+    assert!(!missing.exists());
+}
+
+#[test]
+fn read_only_open_needing_migration() {
+    let db = Db::new();
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/schemas/v5.db");
+    std::fs::copy(fixture, &db.path).unwrap();
+    let before = std::fs::read(&db.path).unwrap();
+    let out = db.run(&["--read-only", "stats"]);
+    assert_fails(&out, 4, "schema version 5 must first be migrated to");
+    assert!(stderr(&out).contains("run `precedent init` once without --read-only"));
+    assert_eq!(std::fs::read(&db.path).unwrap(), before);
+    let err = Store::open_with(
+        &db.path,
+        precedent::StoreOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(err, Error::NeedsMigration { found: 5, .. }),
+        "{err}"
+    );
+    // A command that only reads, without --read-only, migrates it as it always did.
+    db.ok(&["stats"]);
+    db.ok(&["--read-only", "stats"]);
+}
+
+/// `serve` started with `args`: the stderr lines it wrote up to the one naming its
+/// address, and the child, which the caller kills. `None` (with stderr) if it exited.
+fn serve_lines(db: &Db, args: &[&str]) -> Result<(Vec<String>, std::process::Child), String> {
+    use std::io::BufRead;
+    let mut child = db
+        .cmd(&[&["serve"], args].concat())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = Vec::new();
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let done = line.starts_with("listening on ");
+        seen.push(line);
+        if done {
+            return Ok((seen, child));
+        }
+    }
+    let status = child.wait().unwrap();
+    Err(format!("{status}: {}", seen.join("\n")))
+}
+
+#[test]
+fn serve_open_on_a_public_address() {
+    let db = Db::init();
+    for listen in ["0.0.0.0:0", "[::]:0"] {
+        let out = db.run(&["serve", "--listen", listen]);
+        assert_fails(&out, 2, "without --tokens");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        for hint in ["\"tokens\": [", "--tokens FILE", "127.0.0.1", "--insecure"] {
+            assert!(err.contains(hint), "{hint:?} not in {err}");
+        }
+    }
+    // Loopback needs no tokens; a public address with --insecure or with tokens starts.
+    let tokens = db.path.with_file_name("tokens.json");
+    std::fs::write(
+        &tokens,
+        r#"{"tokens": [{"name": "t", "token": "s3cret", "read": true}]}"#,
+    )
+    .unwrap();
+    let tokens = tokens.to_str().unwrap();
+    for (args, warning) in [
+        (&["--listen", "127.0.0.1:0"][..], None),
+        (&["--listen", "0.0.0.0:0", "--insecure"], Some("--insecure")),
+        (&["--listen", "0.0.0.0:0", "--tokens", tokens], None),
+    ] {
+        let (lines, mut child) = serve_lines(&db, args).unwrap();
+        common::process::kill(&mut child);
+        let warned = lines.iter().any(|l| l.starts_with("warning: --insecure"));
+        assert_eq!(warned, warning.is_some(), "{args:?}: {lines:?}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 //! The command line grammar (clap derive).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -23,6 +24,12 @@ pub struct Cli {
     /// Machine-readable output (JSON) on commands a script would parse.
     #[arg(long, global = true)]
     pub json: bool,
+
+    /// Open the database read-only, as sqlite3's -readonly: a command that writes is
+    /// refused, and nothing is created or migrated. (Commands that only read open it
+    /// read-only anyway.)
+    #[arg(long, global = true)]
+    pub read_only: bool,
 
     /// Most facts that may be held waiting for ancestors at once (default 1,000,000).
     #[arg(long, global = true, value_name = "N")]
@@ -82,11 +89,14 @@ pub enum Command {
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
-    /// List held facts and the hashes each waits for.
+    /// List held facts and the hashes each waits for; `held drop` and `held expire` remove
+    /// held facts that will never be released (released facts are never removed).
     Held {
         /// Show at most N held facts, oldest first.
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: usize,
+        #[command(subcommand)]
+        action: Option<HeldCommand>,
     },
     /// Check every stored fact, edge and held record; exit 1 naming each problem.
     Verify,
@@ -105,8 +115,12 @@ pub enum Command {
     Serve(crate::cli::sync::ServeArgs),
     /// Sync with a node served by `precedent serve`: pull, fetch missing ancestors, push.
     Sync(crate::cli::sync::SyncArgs),
-    /// List the nodes this database syncs with: bookmarks, last sync, lag, last error.
-    Peers,
+    /// List the nodes this database syncs with: bookmarks, last sync, lag, last error;
+    /// `peers rm URL` forgets one (a mistyped URL, say).
+    Peers {
+        #[command(subcommand)]
+        action: Option<PeersCommand>,
+    },
     /// Poison: records refused at the door by sync (failed decoding or hashing), and
     /// (`poison queue ...`) inputs of a work queue that no retry can fix.
     #[command(subcommand)]
@@ -120,6 +134,44 @@ pub enum Command {
     /// Run a command once per ready input of a queue: the fact as JSON on stdin, facts to
     /// store with the completion as JSON Lines on stdout; exit 0 done, 75 retry, 65 poison.
     Work(crate::cli::work::WorkArgs),
+}
+
+/// `precedent held ...`: removing held facts. A held fact was never released, so this
+/// takes nothing from the released history.
+#[derive(Subcommand, Debug)]
+pub enum HeldCommand {
+    /// Drop held facts (a fact held behind a mistyped hash, say), and every held fact
+    /// waiting for them, which could never be released without them; print each hash
+    /// dropped. Refuses a released fact, and drops nothing then.
+    Drop {
+        /// Full hashes or unique prefixes (>= 8 hex digits) of held facts.
+        #[arg(required = true, value_name = "HASH")]
+        hashes: Vec<String>,
+    },
+    /// Drop every fact held for longer than DUR, and every held fact waiting for them;
+    /// print each hash dropped.
+    Expire {
+        /// How long a fact may stay held: `90s`, `1h30m`, `7d`, `2w`.
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        older_than: Duration,
+    },
+}
+
+/// `precedent peers ...`.
+#[derive(Subcommand, Debug)]
+pub enum PeersCommand {
+    /// Forget a peer: its bookmarks, last sync and last error (no fact is touched). A
+    /// later sync with it starts from the beginning.
+    Rm {
+        /// The peer's URL exactly as `precedent peers` lists it.
+        url: String,
+    },
+}
+
+/// A duration in humantime's syntax (`1h30m`, `7d`), for clap.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("bad duration {text:?}: {e} (examples: 90s, 1h30m, 7d)"))
 }
 
 /// A fact stream format.

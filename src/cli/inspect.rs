@@ -1,9 +1,10 @@
 //! `held`, `verify` and `stats`: looking at what the store holds.
 
 use std::io::{self, Write};
+use std::time::Duration;
 
-use precedent::Store;
 use precedent::store::{Stats, VerifyReport};
+use precedent::{FactHash, Store};
 use serde_json::json;
 
 use super::facts::hash_list;
@@ -53,6 +54,58 @@ pub fn held(g: &Global, limit: usize) -> anyhow::Result<Status> {
             held.len()
         )?;
     }
+    Ok(Status::Ok)
+}
+
+/// `precedent held drop HASH...`: the hashes (or prefixes) are resolved first, so a typo
+/// among them drops nothing.
+pub fn held_drop(g: &Global, texts: &[String]) -> anyhow::Result<Status> {
+    let store = g.open(false)?;
+    let mut hashes = Vec::with_capacity(texts.len());
+    for text in texts {
+        let hash = store.resolve(text)?;
+        if !hashes.contains(&hash) {
+            hashes.push(hash);
+        }
+    }
+    let dropped = store.drop_held(&hashes)?;
+    report_dropped(g, &dropped, hashes.len())
+}
+
+/// `precedent held expire --older-than DUR`.
+pub fn held_expire(g: &Global, older_than: Duration) -> anyhow::Result<Status> {
+    let store = g.open(false)?;
+    let dropped = store.expire_held(older_than)?;
+    if dropped.is_empty() && !g.json {
+        eprintln!(
+            "no fact has been held for longer than {}",
+            humantime::format_duration(older_than)
+        );
+        return Ok(Status::Ok);
+    }
+    report_dropped(g, &dropped, dropped.len())
+}
+
+/// Prints each dropped hash; `asked` of them were named (or old enough), the rest waited
+/// for those.
+fn report_dropped(g: &Global, dropped: &[FactHash], asked: usize) -> anyhow::Result<Status> {
+    if g.json {
+        say!("{}", json!({"dropped": hash_list(dropped)}));
+        return Ok(Status::Ok);
+    }
+    for h in dropped {
+        say!("{h}");
+    }
+    let waiting = dropped.len().saturating_sub(asked);
+    eprintln!(
+        "dropped {} held fact(s){}; released facts are never dropped",
+        dropped.len(),
+        if waiting > 0 {
+            format!(", {waiting} of them held waiting for the others")
+        } else {
+            String::new()
+        }
+    );
     Ok(Status::Ok)
 }
 

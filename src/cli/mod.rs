@@ -16,6 +16,7 @@ mod export;
 mod facts;
 mod import;
 mod inspect;
+mod peers;
 mod query;
 mod queue;
 mod records;
@@ -27,7 +28,6 @@ use std::io::{self, IsTerminal};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use precedent::{Error, Store, StoreOptions};
 
@@ -39,8 +39,7 @@ pub mod exit {
     pub const OK: u8 = 0;
     /// Invalid input (a bad fact, record or hash), or `verify` found problems.
     pub const INVALID: u8 = 1;
-    /// Usage error: bad arguments (clap's default).
-    #[allow(dead_code)]
+    /// Usage error: bad arguments (clap's default), or arguments that do not go together.
     pub const USAGE: u8 = 2;
     /// Not found: an unknown (or ambiguous) hash or prefix.
     pub const NOT_FOUND: u8 = 3;
@@ -59,6 +58,7 @@ pub fn exit_code(err: &Error) -> u8 {
         | Error::HashMismatch { .. }
         | Error::BadHash { .. }
         | Error::HeldLimit { .. }
+        | Error::NotHeld { .. }
         | Error::Query(_)
         | Error::WrongType { .. } => exit::INVALID,
         Error::NotFound { .. } | Error::UnknownPrefix { .. } | Error::AmbiguousPrefix { .. } => {
@@ -68,9 +68,13 @@ pub fn exit_code(err: &Error) -> u8 {
         Error::SyncConfig { .. } => exit::INVALID,
         Error::UnknownQueue { .. } => exit::NOT_FOUND,
         Error::Queue { .. } | Error::LeaseLost { .. } | Error::NotCompleted { .. } => exit::INVALID,
-        Error::SchemaTooNew { .. } | Error::Corrupt { .. } | Error::Backend(_) | Error::Io(_) => {
-            exit::DATABASE
-        }
+        Error::SchemaTooNew { .. }
+        | Error::Open { .. }
+        | Error::NeedsMigration { .. }
+        | Error::ReadOnly { .. }
+        | Error::Corrupt { .. }
+        | Error::Backend(_)
+        | Error::Io(_) => exit::DATABASE,
         _ => exit::DATABASE,
     }
 }
@@ -109,18 +113,73 @@ impl fmt::Display for Failure {
 
 impl std::error::Error for Failure {}
 
+/// Whether a command writes to the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// It only reads: the database is opened read-only, so that it can be read where it
+    /// cannot be written (a read-only directory, a file of someone else's).
+    Read,
+    /// It may write.
+    Write,
+}
+
+impl Access {
+    /// What `command` does to the database: the one list of the commands that only read.
+    fn of(command: &Command) -> Access {
+        use queue::{EntryCommand as E, PoisonGroup as P, QueueCommand as Q};
+        let reads = match command {
+            Command::Get { .. }
+            | Command::Export { .. }
+            | Command::Verify
+            | Command::Stats
+            | Command::Query(_)
+            | Command::Watch(_) => true,
+            Command::Held { action, .. } => action.is_none(),
+            Command::Peers { action } => action.is_none(),
+            Command::Poison(P::Sync(_)) => true,
+            Command::Poison(P::Queue(e)) | Command::Dlq(e) => {
+                matches!(e, E::List { .. } | E::Show { .. })
+            }
+            Command::Queue(q) => !matches!(q, Q::Add(_) | Q::Rm { .. }),
+            _ => false,
+        };
+        if reads { Access::Read } else { Access::Write }
+    }
+}
+
 /// The options every command shares.
+#[derive(Clone)]
 pub struct Global {
     pub db: PathBuf,
     pub json: bool,
     pub max_held: Option<u64>,
+    /// `--read-only`: refuse any command that writes.
+    pub read_only: bool,
+    /// What the command being run does to the database.
+    pub access: Access,
 }
 
 impl Global {
-    /// Opens the store. Read-only commands (`create == false`) refuse a missing file
-    /// rather than creating an empty database at a mistyped path.
+    /// Opens the store: read-only for a command that only reads, and then without
+    /// creating or migrating anything, unless the database needs migrating and
+    /// `--read-only` was not given. Commands that do not create (`create == false`)
+    /// refuse a missing file rather than creating an empty database at a mistyped path.
     pub fn open(&self, create: bool) -> anyhow::Result<Store> {
-        if !create && !self.db.exists() {
+        if self.read_only && self.access == Access::Write {
+            return Err(Failure::error(
+                exit::USAGE,
+                format!(
+                    "--read-only: this command writes to {}; run it without --read-only",
+                    self.db.display()
+                ),
+            ));
+        }
+        // In a directory that does not exist, `init` cannot help: the store says so.
+        let dir_exists = self
+            .db
+            .parent()
+            .is_none_or(|d| d.as_os_str().is_empty() || d.is_dir());
+        if !create && dir_exists && !self.db.exists() {
             return Err(Failure::error(
                 exit::DATABASE,
                 format!(
@@ -133,8 +192,30 @@ impl Global {
         if let Some(n) = self.max_held {
             options.max_held = n;
         }
-        Store::open_with(&self.db, options)
-            .with_context(|| format!("cannot open database {}", self.db.display()))
+        options.read_only = self.access == Access::Read;
+        let opened = match Store::open_with(&self.db, options.clone()) {
+            // A command that only reads, on a database an older precedent wrote: it is
+            // migrated, as every command did before reads opened read-only, unless the
+            // user asked for nothing to be written.
+            Err(Error::NeedsMigration { .. }) if !self.read_only => {
+                options.read_only = false;
+                Store::open_with(&self.db, options)
+            }
+            Err(e @ Error::NeedsMigration { .. }) => {
+                return Err(Failure::error(
+                    exit::DATABASE,
+                    format!("{e}; run `precedent init` once without --read-only to migrate it"),
+                ));
+            }
+            other => other,
+        };
+        opened.map_err(|e| match e {
+            // These name the path already.
+            Error::Open { .. } | Error::ReadOnly { .. } => anyhow::Error::new(e),
+            e => {
+                anyhow::Error::new(e).context(format!("cannot open database {}", self.db.display()))
+            }
+        })
     }
 
     /// The held-fact bound the store is opened with.
@@ -147,9 +228,11 @@ impl Global {
 /// Runs a parsed command line and turns its outcome into an exit code.
 pub fn run(cli: Cli) -> ExitCode {
     let global = Global {
+        access: Access::of(&cli.command),
         db: cli.db,
         json: cli.json,
         max_held: cli.max_held,
+        read_only: cli.read_only,
     };
     let result = match cli.command {
         Command::Init => facts::init(&global),
@@ -165,7 +248,18 @@ pub fn run(cli: Cli) -> ExitCode {
             after,
             output,
         } => export::export(&global, format, after, output.as_deref()),
-        Command::Held { limit } => inspect::held(&global, limit),
+        Command::Held {
+            action: None,
+            limit,
+        } => inspect::held(&global, limit),
+        Command::Held {
+            action: Some(args::HeldCommand::Drop { hashes }),
+            ..
+        } => inspect::held_drop(&global, &hashes),
+        Command::Held {
+            action: Some(args::HeldCommand::Expire { older_than }),
+            ..
+        } => inspect::held_expire(&global, older_than),
         Command::Verify => inspect::verify(&global),
         Command::Stats => inspect::stats(&global),
         Command::Demo => demo::demo(&global),
@@ -173,7 +267,10 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Watch(a) => query::watch(&global, a),
         Command::Serve(a) => sync::serve(&global, a),
         Command::Sync(a) => sync::sync(&global, a),
-        Command::Peers => sync::peers(&global),
+        Command::Peers { action: None } => sync::peers(&global),
+        Command::Peers {
+            action: Some(args::PeersCommand::Rm { url }),
+        } => peers::rm(&global, &url),
         Command::Poison(queue::PoisonGroup::Sync(c)) => sync::poison(&global, c),
         Command::Poison(queue::PoisonGroup::Queue(c)) => {
             queue::entries(&global, c, precedent::queue::ItemState::Poison)

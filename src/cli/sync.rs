@@ -47,6 +47,37 @@ pub struct ServeArgs {
     /// Most connections open at once.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections)]
     pub max_connections: usize,
+    /// Serve an address other than loopback without --tokens, letting anyone who can
+    /// reach it read and write (refused without this flag).
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// Refuses to serve an address reachable from other hosts without tokens unless
+/// `--insecure` says so, as Redis's protected mode does: an open server on the network
+/// lets anyone read and write every fact, which a user who only wanted a quick test on
+/// `0.0.0.0` did not mean.
+fn check_exposure(a: &ServeArgs) -> anyhow::Result<()> {
+    if a.tokens.is_some() || a.listen.ip().is_loopback() {
+        return Ok(());
+    }
+    if a.insecure {
+        eprintln!(
+            "warning: --insecure: serving {} without --tokens: anyone who can reach it may read and write",
+            a.listen
+        );
+        return Ok(());
+    }
+    Err(Failure::error(
+        exit::USAGE,
+        format!(
+            "refusing to serve {} without --tokens: anyone who can reach it could read and write. \
+             Write a token file such as {{\"tokens\": [{{\"name\": \"laptop\", \"token\": \"<a secret: openssl rand -hex 32>\", \
+             \"read\": true, \"write\": true}}]}} (docs/protocol.md, \"Tokens\") and pass --tokens FILE; \
+             or listen on 127.0.0.1; or pass --insecure to serve it open anyway",
+            a.listen
+        ),
+    ))
 }
 
 /// `precedent sync`.
@@ -98,6 +129,7 @@ pub enum PoisonCommand {
 }
 
 pub fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<Status> {
+    check_exposure(&a)?;
     drop(g.open(true)?);
     let tokens = match &a.tokens {
         Some(p) => Tokens::from_file(p)?,

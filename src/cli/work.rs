@@ -88,11 +88,7 @@ pub fn work(g: &Global, args: WorkArgs) -> anyhow::Result<Status> {
     let handles: Vec<_> = (0..jobs)
         .map(|_| {
             let shared = shared.clone();
-            let g = Global {
-                db: g.db.clone(),
-                json: g.json,
-                max_held: g.max_held,
-            };
+            let g = g.clone();
             std::thread::spawn(move || job(&g, &shared))
         })
         .collect();

@@ -619,6 +619,22 @@ pub trait WriteTx: ReadTx {
     fn insert_batch(&mut self, facts: Vec<Fact>, hooks: &mut HookRunner<'_>)
     -> Result<BatchReport>;
 
+    /// Drops the held facts `hashes` and every held fact waiting for one of them,
+    /// directly or through other held facts, with their wait records; returns the hashes
+    /// dropped, `hashes` first. Released facts are never dropped.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] for a hash that is released, [`Error::NotFound`] for one that
+    /// is not stored; nothing is dropped then.
+    fn drop_held(&mut self, hashes: &[FactHash]) -> Result<Vec<FactHash>>;
+
+    /// As [`WriteTx::drop_held`] for every held fact first held at or before `held_at_ms`
+    /// (ms since the Unix epoch), oldest first, and what waits for them.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn drop_held_before(&mut self, held_at_ms: i64) -> Result<Vec<FactHash>>;
+
     /// Starts a savepoint that [`WriteTx::rollback_savepoint`] can undo.
     ///
     /// # Errors

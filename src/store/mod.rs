@@ -6,6 +6,7 @@
 //!   index) are kept in the transaction that releases each fact.
 //! - `sqlite/`: the SQLite backend; all of the core's SQL.
 //! - `types.rs`: the values the core hands out.
+//! - `held.rs`: dropping held facts that will never be released.
 //!
 //! The core knows nothing of what is built on it: queues (`src/queue/`), sync
 //! (`src/sync/`) and queries (`src/query/`) reach the database through this module's
@@ -20,6 +21,7 @@
 //! that transaction's uncommitted writes: read through the [`Writer`] for those.
 
 mod backend;
+mod held;
 mod sqlite;
 mod types;
 
@@ -72,6 +74,10 @@ pub struct StoreOptions {
     /// Called in the transaction that releases each fact, in order. Default: the queue
     /// index. An application may add its own (see [`ReleaseHook`]).
     pub release_hooks: Vec<Arc<dyn ReleaseHook>>,
+    /// Open the database for reading only. Nothing is created or migrated: a missing
+    /// file is [`Error::Open`], one at an older schema version [`Error::NeedsMigration`],
+    /// and every write fails with [`Error::ReadOnly`]. Default `false`.
+    pub read_only: bool,
 }
 
 impl std::fmt::Debug for StoreOptions {
@@ -82,6 +88,7 @@ impl std::fmt::Debug for StoreOptions {
             .field("cache_mib", &self.cache_mib)
             .field("busy_timeout", &self.busy_timeout)
             .field("release_hooks", &self.release_hooks.len())
+            .field("read_only", &self.read_only)
             .finish_non_exhaustive()
     }
 }
@@ -96,6 +103,7 @@ impl StoreOptions {
             busy_timeout: Duration::from_secs(5),
             clock: Arc::new(SystemClock),
             release_hooks: Vec::new(),
+            read_only: false,
         }
     }
 }
@@ -149,16 +157,33 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// [`Error::SchemaTooNew`] for a database written by a newer precedent, or
-    /// [`Error::Backend`] if the file cannot be opened as a database.
+    /// [`Error::SchemaTooNew`] for a database written by a newer precedent;
+    /// [`Error::Open`] if its directory does not exist or the file or directory is not
+    /// writable; [`Error::Backend`] if the file cannot be opened as a database.
     pub fn open(path: impl AsRef<Path>) -> Result<Store> {
         Store::open_with(path, StoreOptions::default())
     }
 
     /// Opens the store at `path` with `options`.
     ///
+    /// ```
+    /// # use precedent::{Error, Store, StoreOptions};
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("facts.db");
+    /// let read_only = StoreOptions { read_only: true, ..StoreOptions::default() };
+    /// // A read-only open creates nothing.
+    /// assert!(matches!(Store::open_with(&path, read_only.clone()), Err(Error::Open { .. })));
+    /// drop(Store::open(&path)?);
+    /// let store = Store::open_with(&path, read_only)?;
+    /// assert_eq!(store.stats()?.released, 0);
+    /// let fact = precedent::Fact::builder("Shop").build()?;
+    /// assert!(matches!(store.insert(&fact), Err(Error::ReadOnly { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
-    /// As [`Store::open`].
+    /// As [`Store::open`]; with [`StoreOptions::read_only`], [`Error::Open`] for a missing
+    /// file and [`Error::NeedsMigration`] for a database at an older schema version.
     pub fn open_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
         let backend = SqliteBackend::open(path.as_ref(), options.clone())?;
         Ok(Store::with_backend(Box::new(backend), options))

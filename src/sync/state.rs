@@ -365,6 +365,22 @@ impl Store {
             Ok(())
         })
     }
+
+    /// Forgets the peer `url`, exactly as [`Store::peers`] lists it (a scoped sync's
+    /// `URL#roots=...` is a peer of its own): its bookmarks, last sync and last error.
+    /// No fact is touched; a later sync with the same URL starts from the beginning and
+    /// receives what it already has as duplicates. Returns whether the peer was known.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    pub fn remove_peer(&self, url: &str) -> Result<bool> {
+        self.write(|w| {
+            let removed = w
+                .sql()
+                .execute("DELETE FROM sync_peer WHERE url = ?1", args![url])?;
+            Ok(removed > 0)
+        })
+    }
 }
 
 fn absent_ancestors(r: &dyn ReadTx, limit: usize) -> Result<Vec<FactHash>> {

@@ -5,6 +5,7 @@
 //!   errors.
 //! - `names.rs`: type and role ids, cached.
 //! - `write.rs`: inserts, the held set and its cascades, release.
+//! - `held.rs`: dropping held facts (and what waits for them) from the held set.
 //! - `read.rs`: reads; `verify.rs`: the whole-store check.
 //! - `functions.rs`: the scalar functions compiled queries call.
 //!
@@ -14,6 +15,7 @@
 
 mod conn;
 mod functions;
+mod held;
 mod names;
 #[cfg(test)]
 mod plans;
@@ -98,6 +100,8 @@ pub struct SqliteBackend {
     /// The private directory of a store opened with [`crate::Store::open_in_memory`],
     /// removed when the store is dropped.
     temp: Option<PathBuf>,
+    /// Whether connections open the file as immutable (see [`first_connection`]).
+    immutable: bool,
     /// Called with the text of every statement run, on every connection (tests only).
     #[cfg(test)]
     tracer: Mutex<Option<fn(&str)>>,
@@ -134,9 +138,11 @@ impl SqliteBackend {
     }
 
     fn open_at(path: PathBuf, options: StoreOptions, temp: Option<PathBuf>) -> Result<Self> {
-        let writer = connect(&path, &options, temp.is_some())?;
-        migrate(&writer)?;
+        check_path(&path, options.read_only)?;
+        let (writer, immutable) = first_connection(&path, &options, temp.is_some())
+            .map_err(|e| explain_open(e, &path))?;
         Ok(SqliteBackend {
+            immutable,
             write_lock: WriteLock::default(),
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
@@ -166,7 +172,12 @@ impl SqliteBackend {
             return Ok(c);
         }
         #[allow(unused_mut)]
-        let mut c = connect(&self.path, &self.shared.options, self.temp.is_some())?;
+        let mut c = connect(
+            &self.path,
+            &self.shared.options,
+            self.temp.is_some(),
+            self.immutable,
+        )?;
         // A read transaction must not write: SQLite refuses it instead of us trusting it.
         c.pragma_update(None, "query_only", true)?;
         #[cfg(test)]
@@ -268,16 +279,134 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn connect(path: &Path, options: &StoreOptions, temporary: bool) -> Result<Connection> {
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
+/// Says what is wrong with `path` before SQLite does: SQLite's own answer for a missing
+/// directory or (read-only) a missing file is "unable to open database file", at every
+/// step that touches it.
+fn check_path(path: &Path, read_only: bool) -> Result<()> {
+    let open = |reason: String| Error::Open {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(open(if dir.exists() {
+            format!("{} is not a directory", dir.display())
+        } else {
+            format!("directory {} does not exist", dir.display())
+        }));
+    }
+    if read_only && !path.exists() {
+        return Err(open(
+            "no database there, and a read-only open creates none".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// An I/O failure while opening, said with the path and what usually causes it.
+fn explain_open(err: Error, path: &Path) -> Error {
+    let Error::Backend(b) = &err else {
+        return err;
+    };
+    if b.kind != BackendErrorKind::Io {
+        return err;
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let said = b.message.trim_start_matches("sqlite: ");
+    let reason = if said.contains("readonly") || said.contains("unable to open") {
+        format!(
+            "{said}: the file or its directory {} is not writable, or the file not readable \
+             (SQLite keeps {name}-wal and {name}-shm beside the database, also to read it)",
+            dir.display()
+        )
+    } else {
+        said.to_string()
+    };
+    Error::Open {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// The first connection, migrated, and whether it reads the file as immutable.
+///
+/// NOTE: a read-only open of a database in WAL mode needs its `-shm` file, which SQLite
+/// cannot create in a directory it may not write ("attempt to write a readonly
+/// database"). When there is no `-wal` file either, no connection to the database is
+/// open anywhere (SQLite removes it when the last one closes), so the file holds every
+/// commit, and it is opened as immutable: read without locks or a `-shm`. A writer that
+/// starts meanwhile is not seen, which is why this is only for `read_only`.
+fn first_connection(
+    path: &Path,
+    options: &StoreOptions,
+    temporary: bool,
+) -> Result<(Connection, bool)> {
+    let open = |immutable| {
+        let c = connect(path, options, temporary, immutable)?;
+        migrate(&c, path, options.read_only)?;
+        Ok::<_, Error>(c)
+    };
+    match open(false) {
+        Err(Error::Backend(b))
+            if options.read_only
+                && b.kind == BackendErrorKind::Io
+                && !sibling(path, "-wal").exists() =>
+        {
+            open(true).map(|c| (c, true)).map_err(|_| Error::Backend(b))
+        }
+        other => other.map(|c| (c, false)),
+    }
+}
+
+/// `path` with `suffix` appended to its file name (`x.db-wal`).
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// `file:` URI for `path` read as immutable, with the characters a URI gives a meaning
+/// to escaped.
+fn immutable_uri(path: &Path) -> Option<String> {
+    let mut uri = String::from("file:");
+    for c in path.to_str()?.chars() {
+        match c {
+            '%' | '?' | '#' => uri.push_str(&format!("%{:02X}", c as u32)),
+            c => uri.push(c),
+        }
+    }
+    uri.push_str("?immutable=1");
+    Some(uri)
+}
+
+fn connect(
+    path: &Path,
+    options: &StoreOptions,
+    temporary: bool,
+    immutable: bool,
+) -> Result<Connection> {
+    let access = if options.read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
+    };
+    let flags = access | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = match immutable_uri(path).filter(|_| immutable) {
+        Some(uri) => Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI)?,
+        None => Connection::open_with_flags(path, flags)?,
+    };
     conn.busy_timeout(options.busy_timeout)?;
     // WAL lets readers, in this process and others, proceed while one writer commits.
-    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // A read-only connection cannot change the mode; the database's is WAL already
+    // (it was set by the open that created it).
+    if !options.read_only {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+    }
     let sync = match (temporary, options.durability) {
         // A temporary store is gone with the process: no commit needs to reach the disk.
         (true, _) => "OFF",
@@ -319,6 +448,11 @@ impl Backend for SqliteBackend {
     }
 
     fn write(&self) -> Result<Box<dyn WriteTx + '_>> {
+        if self.shared.options.read_only {
+            return Err(Error::ReadOnly {
+                path: self.path.clone(),
+            });
+        }
         let turn = self.write_lock.acquire(self.shared.options.busy_timeout)?;
         let guard = lock(&self.writer);
         Ok(Box::new(write::SqliteWrite::begin(
@@ -362,8 +496,9 @@ fn has_column(conn: &Connection, table: &str, column: &str) -> Result<bool> {
         .exists([table, column])?)
 }
 
-/// Applies the migrations the database lacks; refuses a database newer than the binary.
-fn migrate(conn: &Connection) -> Result<()> {
+/// Applies the migrations the database lacks; refuses a database newer than the binary,
+/// and, when `read_only`, one that lacks migrations.
+fn migrate(conn: &Connection, path: &Path, read_only: bool) -> Result<()> {
     let found: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if found > SCHEMA_VERSION {
         return Err(Error::SchemaTooNew {
@@ -373,6 +508,13 @@ fn migrate(conn: &Connection) -> Result<()> {
     }
     if found == SCHEMA_VERSION {
         return Ok(());
+    }
+    if read_only {
+        return Err(Error::NeedsMigration {
+            path: path.to_path_buf(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| -> Result<()> {

@@ -133,6 +133,14 @@ impl WriteTx for SqliteWrite<'_> {
         SqliteWrite::insert_batch(self, facts, hooks)
     }
 
+    fn drop_held(&mut self, hashes: &[FactHash]) -> Result<Vec<FactHash>> {
+        SqliteWrite::drop_held(self, hashes)
+    }
+
+    fn drop_held_before(&mut self, held_at_ms: i64) -> Result<Vec<FactHash>> {
+        SqliteWrite::drop_held_before(self, held_at_ms)
+    }
+
     fn savepoint(&mut self) -> Result<()> {
         self.tx
             .conn
@@ -214,11 +222,16 @@ impl<'a> SqliteWrite<'a> {
             .id(&self.tx.shared.names, &self.tx.conn, Kind::Type, name)
     }
 
-    fn c(&self) -> &Connection {
+    pub(super) fn c(&self) -> &Connection {
         &self.tx.conn
     }
 
-    fn held_now(&mut self) -> Result<i64> {
+    /// Sets the held count, written to the counter at commit.
+    pub(super) fn set_held(&mut self, n: i64) {
+        self.held = Some(n);
+    }
+
+    pub(super) fn held_now(&mut self) -> Result<i64> {
         if let Some(n) = self.held {
             return Ok(n);
         }
