@@ -92,7 +92,7 @@ pub enum Command {
     Verify,
     /// Counts per type, released, held, edges, and the database size.
     Stats,
-    /// Build a small shop in the database, delivered out of order, and narrate it.
+    /// Build a small shop and narrate it: facts held and released, queue work, a watch, a sync.
     Demo,
     /// Run a query (docs/queries.md) and print its results: a table, or JSON Lines with
     /// --json. Example:

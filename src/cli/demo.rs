@@ -11,7 +11,7 @@ use std::path::Path;
 
 use precedent::{Fact, FactHash, InsertOutcome, Store};
 
-use super::inspect::{print_stats, print_verify, run_verify};
+use super::inspect::{print_verify, run_verify};
 use super::{Global, Status};
 
 /// The demo's facts, with a name for each so the narration can refer to them.
@@ -241,12 +241,10 @@ pub fn demo(g: &Global) -> anyhow::Result<Status> {
     let stats = store.stats()?;
     say!();
     say!(
-        "Now {} facts are held and {} released. The store:",
+        "Now {} facts are held and {} released (`precedent stats` counts them per type).",
         stats.held,
         stats.released
     );
-    say!();
-    print_stats(&stats)?;
     say!();
     say!("`precedent verify` re-hashes every fact and checks every edge:");
     let verify = run_verify(&store)?;

@@ -128,10 +128,7 @@ pub fn run(store: &Store, shop: FactHash, o: &Orders) -> anyhow::Result<()> {
     }
     report(store, &mut watch)?;
     if let Some(at_ms) = retry_at {
-        let wait = (at_ms - store.options().clock.now_ms()).max(0) as u64;
-        std::thread::sleep(Duration::from_millis(wait + 1));
-    }
-    for lease in store.claim(QUEUE, 1)? {
+        let lease = claim_at(store, at_ms)?;
         let outcome = store.fail(&lease, Failure::Transient("carrier timeout".into()))?;
         if let FailOutcome::DeadLettered(entry) = outcome {
             say!(
@@ -144,6 +141,20 @@ pub fn run(store: &Store, shop: FactHash, o: &Orders) -> anyhow::Result<()> {
     say!("  <- order #6 (Ada) arrives, and waits for a worker");
     report(store, &mut watch)?;
     Ok(())
+}
+
+/// Claims the one input that becomes ready again at `at_ms`, waiting for it (the backoff
+/// is at most 20 ms; a second is allowed for a slow machine).
+fn claim_at(store: &Store, at_ms: i64) -> anyhow::Result<precedent::queue::Lease> {
+    let now = store.options().clock.now_ms();
+    std::thread::sleep(Duration::from_millis((at_ms - now).max(0) as u64 + 1));
+    for _ in 0..200 {
+        if let Some(lease) = store.claim(QUEUE, 1)?.pop() {
+            return Ok(lease);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    anyhow::bail!("order #5 did not become ready again after its backoff")
 }
 
 /// Prints the watch's changes and the queue's counts.
