@@ -40,8 +40,9 @@ pub enum Command {
     /// Add one fact, given in the JSON form as an argument or on stdin; print its hash.
     ///
     /// Predecessors may be full hashes, unique prefixes of at least 8 hex digits, or
-    /// inline fact objects (stored first). Example:
-    /// precedent add '{"type":"Shop.Order","fields":{"number":7},"predecessors":{"shop":"1d1b48e0"}}'
+    /// inline fact objects (stored first).
+    ///
+    /// Example: precedent add '{"type":"Shop.Order","fields":{"number":7},"predecessors":{"shop":"1d1b48e0"}}'
     Add {
         /// The fact as JSON; read from stdin when absent or `-`.
         #[arg(value_name = "JSON")]
@@ -95,8 +96,9 @@ pub enum Command {
     /// Build a small shop and narrate it: facts held and released, queue work, a watch, a sync.
     Demo,
     /// Run a query (docs/queries.md) and print its results: a table, or JSON Lines with
-    /// --json. Example:
-    /// precedent query 'given s: Shop match o: Shop.Order where o->shop = s select o.number' --given s=1d1b48e0
+    /// --json.
+    ///
+    /// Example: precedent query 'given s: Shop match o: Shop.Order where o->shop = s select o.number' --given s=1d1b48e0
     Query(crate::cli::query::QueryArgs),
     /// Print a query's results, then each change as facts arrive (from any process), as
     /// JSON Lines: {"change":"added"|"removed","key":[...],"result":...}; until interrupted.
