@@ -1,6 +1,7 @@
 //! Every example a new user is shown runs as printed against a fresh demo database: each
 //! `Example:` in the `--help` of every command and subcommand, every `precedent` line of
-//! README.md's `sh` blocks, and the commands `precedent demo` suggests at its end.
+//! README.md's `sh` blocks and every `precedent ...` code span of its prose, and the
+//! commands `precedent demo` suggests at its end.
 //!
 //! Each runs through `sh -c`, in a temporary directory where `precedent demo` has just
 //! built `./precedent.db`, with the binary under test first on `PATH`. A command must exit
@@ -406,8 +407,38 @@ fn every_help_example_runs_against_the_demo_database() {
     }
 }
 
+/// The inline code spans of README.md's prose (outside fenced blocks) that are
+/// `precedent` commands.
+fn readme_inline_commands() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for line in readme.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        // Odd pieces between backticks are code spans.
+        for span in line.split('`').skip(1).step_by(2) {
+            if span.starts_with("precedent ") {
+                out.push(span.to_string());
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn every_readme_command_runs_against_the_demo_database() {
+    let inline = readme_inline_commands();
+    assert!(inline.iter().any(|c| c == "precedent demo"), "{inline:?}");
+    for line in &inline {
+        run_block(std::slice::from_ref(line));
+    }
     let blocks = readme_blocks();
     let lines: usize = blocks.iter().map(Vec::len).sum();
     assert!(blocks.len() >= 3 && lines >= 10, "{blocks:?}");
