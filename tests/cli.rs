@@ -292,12 +292,12 @@ fn cbor_export_reimports_to_an_identical_export() {
     let out = two.run_with(&["--json", "import", "-"], &cbor);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let report: Json = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["inserted"], 19 + 61);
+    assert_eq!(report["inserted"], 28 + 61);
     assert_eq!(two.run(&["export", "--format", "cbor"]).stdout, cbor);
     assert_eq!(two.ok(&["export"]), one.ok(&["export"]));
     // --after and -o.
     let tail = two.file("tail.jsonl");
-    two.ok(&["export", "--after", "70", "-o", tail.to_str().unwrap()]);
+    two.ok(&["export", "--after", "79", "-o", tail.to_str().unwrap()]);
     assert_eq!(std::fs::read_to_string(&tail).unwrap().lines().count(), 10);
 }
 
@@ -388,7 +388,7 @@ fn verify_is_clean_then_names_a_corrupted_row() {
     db.ok(&["demo"]);
     let out = db.run(&["verify"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(stdout(&out).contains("checked 19 released"));
+    assert!(stdout(&out).contains("checked 28 released"));
     let first = db.ok(&["export"]);
     let first: Json = serde_json::from_str(first.lines().next().unwrap()).unwrap();
     let other = Fact::builder("Forged").build().unwrap();
@@ -414,13 +414,26 @@ fn demo_runs_twice_and_reports_duplicates_the_second_time() {
     let first = db.ok(&["demo"]);
     assert!(first.contains("HELD"), "{first}");
     assert!(first.contains("RELEASED"), "{first}");
+    // The queue part: pending work, a completion, a retry, a dead letter, a watch.
+    assert!(first.contains("watch: order #4 opened"), "{first}");
+    assert!(first.contains("watch: order #4 closed"), "{first}");
+    assert!(first.contains("it will be retried"), "{first}");
+    assert!(first.contains("out of attempts, dead letter"), "{first}");
+    // The sync part: everything pushed, the branch's one new fact pulled back.
+    assert!(first.contains("pushed 27, pulled 0"), "{first}");
+    assert!(first.contains("of which 1 new here"), "{first}");
     let stats = db.stats();
-    assert_eq!(stats["released"], 19);
+    assert_eq!(stats["released"], 28);
+    assert_eq!(stats["per_type"]["precedent.DeadLetter"], 1);
     assert_eq!(stats["held"], 0);
     let second = db.ok(&["demo"]);
     assert!(second.contains("already holds the demo facts"), "{second}");
     assert!(second.contains("duplicate"), "{second}");
     assert!(!second.contains("HELD,"), "{second}");
+    assert!(
+        second.contains("ran when this database was built"),
+        "{second}"
+    );
     assert_eq!(db.stats(), stats);
 }
 
@@ -432,8 +445,8 @@ fn stats_json_has_the_counts() {
     assert_eq!(empty["released"], 0);
     db.ok(&["demo"]);
     let s = db.stats();
-    assert_eq!(s["released"], 19);
-    assert_eq!(s["per_type"]["Shop.Order.Item"], 6);
+    assert_eq!(s["released"], 28);
+    assert_eq!(s["per_type"]["Shop.Order.Item"], 9);
     assert!(s["edges"].as_u64().unwrap() > 0);
     assert!(s["db_bytes"].as_u64().unwrap() > 0);
     let table = db.ok(&["stats"]);

@@ -47,8 +47,9 @@ pub enum Command {
     /// Add one fact, given in the JSON form as an argument or on stdin; print its hash.
     ///
     /// Predecessors may be full hashes, unique prefixes of at least 8 hex digits, or
-    /// inline fact objects (stored first). Example:
-    /// precedent add '{"type":"Shop.Order","fields":{"id":7},"predecessors":{"shop":"0f3c2a9b"}}'
+    /// inline fact objects (stored first).
+    ///
+    /// Example: precedent add '{"type":"Shop.Order","fields":{"number":7},"predecessors":{"shop":"1d1b48e0"}}'
     Add {
         /// The fact as JSON; read from stdin when absent or `-`.
         #[arg(value_name = "JSON")]
@@ -102,14 +103,17 @@ pub enum Command {
     Verify,
     /// Counts per type, released, held, edges, and the database size.
     Stats,
-    /// Build a small shop in the database, delivered out of order, and narrate it.
+    /// Build a small shop and narrate it: facts held and released, queue work, a watch, a sync.
     Demo,
     /// Run a query (docs/queries.md) and print its results: a table, or JSON Lines with
-    /// --json. Example:
-    /// precedent query 'given s: Shop match o: Shop.Order where o->shop = s select o.id' --given s=3f9a0c1d
+    /// --json.
+    ///
+    /// Example: precedent query 'given s: Shop match o: Shop.Order where o->shop = s select o.number' --given s=1d1b48e0
     Query(crate::cli::query::QueryArgs),
     /// Print a query's results, then each change as facts arrive (from any process), as
     /// JSON Lines: {"change":"added"|"removed","key":[...],"result":...}; until interrupted.
+    ///
+    /// Example: precedent watch 'match o: Shop.Order select o.number'
     Watch(crate::cli::query::WatchArgs),
     /// Serve this database to other nodes over HTTP (sync protocol v1) until SIGINT/SIGTERM.
     Serve(crate::cli::sync::ServeArgs),
@@ -129,10 +133,14 @@ pub enum Command {
     #[command(subcommand)]
     Queue(crate::cli::queue::QueueCommand),
     /// Dead-lettered inputs of a work queue: list, show, redrive, discard.
+    ///
+    /// Example: precedent dlq show ship 592a3a2d
     #[command(subcommand)]
     Dlq(crate::cli::queue::EntryCommand),
     /// Run a command once per ready input of a queue: the fact as JSON on stdin, facts to
     /// store with the completion as JSON Lines on stdout; exit 0 done, 75 retry, 65 poison.
+    ///
+    /// Example: precedent work ship --once -- true
     Work(crate::cli::work::WorkArgs),
 }
 

@@ -1,10 +1,17 @@
-//! `demo`: a small shop delivered out of order, narrated step by step.
+//! `demo`: a small shop delivered out of order, narrated step by step; then its orders
+//! as work of a queue, followed by a watch (`queue.rs`), and a sync with a second
+//! database (`sync.rs`). Every fact but the dead letter has fixed content, so the hashes
+//! the help texts and README.md use are those of every demo database.
+
+mod queue;
+mod sync;
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use precedent::{Fact, FactHash, InsertOutcome, Store};
 
-use super::inspect::{print_stats, print_verify, run_verify};
+use super::inspect::{print_verify, run_verify};
 use super::{Global, Status};
 
 /// The demo's facts, with a name for each so the narration can refer to them.
@@ -134,9 +141,10 @@ pub fn demo(g: &Global) -> anyhow::Result<Status> {
             .0
     };
     say!(
-        "precedent demo: a bookshop's history as {} facts",
+        "precedent demo: a bookshop's history as facts ({} to begin with), its orders as",
         cast.facts.len()
     );
+    say!("the work of a queue, a watch, and a sync with a second database.");
     say!("database: {}", g.db.display());
     say!();
     say!("Every fact names its predecessors by hash: an order names its shop and customer,");
@@ -213,26 +221,66 @@ pub fn demo(g: &Global) -> anyhow::Result<Status> {
         report.held,
         report.released
     );
+    let shop = h("shop Corner Books");
+    let customers = [h("customer Ada"), h("customer Grace"), h("customer Linus")];
+    let more = queue::orders(shop, customers)?;
+    say!();
+    if store.lookup(&more.orders[0].0.hash())?.is_some() {
+        say!("The queue, watch and sync steps ran when this database was built; queue ship now:");
+        let s = store.queue_stats(queue::QUEUE)?;
+        say!("  {} ready, {} dead-lettered", s.ready, s.dead);
+    } else {
+        queue::run(&store, shop, &more)?;
+        say!();
+        let delivered = Fact::builder("Shop.Shipment.Delivered")
+            .field("signed_by", "Grace")
+            .predecessor("shipment", more.shipment.hash())
+            .build()?;
+        sync::run(&store, &delivered)?;
+    }
     let stats = store.stats()?;
     say!();
     say!(
-        "Now {} facts are held and {} released. The store:",
+        "Now {} facts are held and {} released (`precedent stats` counts them per type).",
         stats.held,
         stats.released
     );
-    say!();
-    print_stats(&stats)?;
     say!();
     say!("`precedent verify` re-hashes every fact and checks every edge:");
     let verify = run_verify(&store)?;
     print_verify(&verify)?;
     say!();
-    say!("Try: precedent export | head -3    precedent get <hash prefix>    precedent held");
+    say!("Try these (`watch` runs until Ctrl-C):");
+    let p = program(&g.db);
+    let s = shop.short(8);
+    say!("  {p} get {s}");
+    say!("  {p} query 'match o: Shop.Order where o.number > 3 select o.number'");
+    say!("  {p} queue items ship");
+    say!("  {p} work ship --once -- true");
+    say!("  {p} dlq list ship");
+    say!("  {p} export | head -3");
+    say!("  {p} watch 'match o: Shop.Order select o.number'");
     Ok(if verify.is_clean() {
         Status::Ok
     } else {
         Status::Problems
     })
+}
+
+/// How to run `precedent` on this database: with `--db` unless it is the default one.
+fn program(db: &Path) -> String {
+    if db == Path::new("./precedent.db") {
+        return "precedent".into();
+    }
+    let text = db.display().to_string();
+    let plain = text
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+".contains(c));
+    if plain {
+        format!("precedent --db {text}")
+    } else {
+        format!("precedent --db '{}'", text.replace('\'', "'\\''"))
+    }
 }
 
 fn narrate(cast: &Cast, outcome: &InsertOutcome) -> String {

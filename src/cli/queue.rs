@@ -20,8 +20,8 @@ use super::{Failure, Global, Status, exit};
 pub enum QueueCommand {
     /// Declare a queue (or change an existing one's policy); existing inputs are back-filled.
     ///
-    /// Example: precedent queue add ship --input Shop.Order --done-by Shop.Shipped.order
-    /// --done-by Shop.Cancelled.order --max-attempts 5 --backoff-base 2s
+    /// Example: precedent queue add invoice --input Shop.Order --done-by Shop.Invoice.order
+    /// --done-by Shop.Order.Cancelled.order --max-attempts 5 --backoff-base 2s
     Add(Box<AddArgs>),
     /// List the declared queues with their counts.
     List,
