@@ -422,6 +422,9 @@ fn demo_runs_twice_and_reports_duplicates_the_second_time() {
     // The sync part: everything pushed, the branch's one new fact pulled back.
     assert!(first.contains("pushed 27, pulled 0"), "{first}");
     assert!(first.contains("of which 1 new here"), "{first}");
+    // The branch's server is gone with the demo: it is not left behind as a peer.
+    let peers = db.ok(&["peers"]);
+    assert!(!peers.contains("127.0.0.1"), "{peers}");
     let stats = db.stats();
     assert_eq!(stats["released"], 28);
     assert_eq!(stats["per_type"]["precedent.DeadLetter"], 1);

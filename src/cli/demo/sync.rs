@@ -43,9 +43,12 @@ pub fn run(store: &Store, delivered: &Fact) -> anyhow::Result<()> {
     config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     let server = Running::start(config)?;
     let result = exchange(store, &branch, &server, delivered);
+    // The branch's address is gone with the demo: it is not left listed among the peers.
+    let forgotten = store.remove_peer(&server.url());
     // Stopped whatever the exchange did, before its files are removed.
     let stopped = server.stop();
     result?;
+    forgotten?;
     stopped?;
     Ok(())
 }
