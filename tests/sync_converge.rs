@@ -195,3 +195,44 @@ proptest! {
         prop_assert_eq!((again.pulled, again.pushed, again.fetched), (0, 0, 0), "{:?}", again);
     }
 }
+
+/// A long poll asking for more than the request timeout allows is cut below it: the
+/// answer is an empty page, not 408.
+#[test]
+fn a_long_poll_answers_before_the_request_timeout() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.limits.request_timeout = std::time::Duration::from_secs(2));
+    let (status, body) = raw_http(
+        server.addr(),
+        "GET",
+        "/v1/facts?wait_ms=30000",
+        "",
+        b"",
+        None,
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(body.is_empty());
+}
+
+/// `/v1/health` (no token) and `/v1/info` report the server's limits; `info` also the
+/// database's identity.
+#[test]
+fn health_and_info_report_the_limits_and_the_store() {
+    let node = Node::new();
+    let server = node.serve_with(|c| {
+        c.limits.max_facts_per_request = 50;
+        c.limits.request_timeout = std::time::Duration::from_secs(10);
+    });
+    let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
+    let health = client.health().unwrap();
+    let limits = health.limits.unwrap();
+    assert_eq!(limits.max_facts_per_request, 50);
+    assert_eq!(
+        (limits.request_timeout_ms, limits.max_wait_ms),
+        (10_000, 9_000)
+    );
+    assert_eq!(limits.max_roots, 1024);
+    let info = client.info().unwrap();
+    assert_eq!(info.limits, Some(limits));
+    assert_eq!(info.store, Some(node.store().store_id().unwrap()));
+}
