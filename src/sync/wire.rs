@@ -227,6 +227,14 @@ pub fn split_records(buf: &[u8]) -> Vec<Result<&[u8], FramingError>> {
     out
 }
 
+/// A stream reader reads at most this much of a record too large for a fact to find its
+/// end and skip it; beyond that, the rest of the stream is one bad record.
+const MAX_OVERSIZE: usize = 64 << 20;
+
+fn oversize_reason(n: usize) -> String {
+    format!("record of {n} bytes is over the limit of {MAX_FACT_BYTES} bytes")
+}
+
 /// The length of a well-framed record at the start of `buf` that is over the size limit of
 /// a fact, if that is what is there.
 fn oversize_len(buf: &[u8]) -> Option<usize> {
@@ -245,7 +253,9 @@ fn tail(reason: String, truncated: bool, bytes: &[u8]) -> FramingError {
 }
 
 /// Reads the records of a CBOR sequence from a stream, one at a time, with memory bounded
-/// by the largest record (1 MiB) plus a read buffer.
+/// by the largest record (1 MiB) plus a read buffer; a well-framed record over that size
+/// (at most 64 MiB read to find its end) comes back as an `Err` of its own and the reading
+/// goes on after it.
 pub struct RecordReader<R> {
     inner: R,
     buf: Vec<u8>,
@@ -290,10 +300,21 @@ impl<R: Read> RecordReader<R> {
                         return Ok(Some(Err(tail(reason, true, pending))));
                     }
                     Ok(None) => {}
-                    Err(e) => {
-                        self.failed = true;
-                        return Ok(Some(Err(tail(e.to_string(), false, pending))));
-                    }
+                    Err(e) => match item_len_within(pending, usize::MAX) {
+                        // A well-framed record too large for a fact: one bad record, and
+                        // the reader goes on after it, as `split_records` does.
+                        Ok(Some(n)) => {
+                            let reason = oversize_reason(n);
+                            let bad = tail(reason, false, &pending[..n]);
+                            self.start += n;
+                            return Ok(Some(Err(bad)));
+                        }
+                        Ok(None) if !self.eof && pending.len() < MAX_OVERSIZE => {}
+                        _ => {
+                            self.failed = true;
+                            return Ok(Some(Err(tail(e.to_string(), false, pending))));
+                        }
+                    },
                 }
             } else if self.eof {
                 return Ok(None);
@@ -350,5 +371,30 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, 3);
+    }
+
+    #[test]
+    fn an_oversize_record_is_skipped_by_both() {
+        let a = Fact::builder("A").field("n", 1).build().unwrap();
+        let mut huge = vec![0x5a];
+        huge.extend_from_slice(&((MAX_FACT_BYTES as u32) + 1).to_be_bytes());
+        huge.resize(huge.len() + MAX_FACT_BYTES + 1, 0);
+        let body = [a.canonical_bytes(), &huge[..], a.canonical_bytes()].concat();
+        let split = split_records(&body);
+        assert_eq!(split.len(), 3);
+        assert!(
+            split[1]
+                .as_ref()
+                .unwrap_err()
+                .reason
+                .contains("over the limit")
+        );
+        assert_eq!(split[2].as_ref().unwrap(), &a.canonical_bytes());
+        let mut reader = RecordReader::new(&body[..]);
+        let mut oks = 0;
+        while let Some(r) = reader.next_record().unwrap() {
+            oks += usize::from(r.is_ok());
+        }
+        assert_eq!(oks, 2);
     }
 }

@@ -355,10 +355,8 @@ impl Client {
                 Err(e) if e.truncated => {
                     return Err(self.transport("stream ended inside a record"));
                 }
-                Err(e) => {
-                    records.push(Err(e));
-                    break;
-                }
+                // An oversize record, or an unframeable tail (the reader ends after it).
+                Err(e) => records.push(Err(e)),
                 Ok(rec) => records.push(Ok(rec)),
             }
             if records.len() as u64 > count {
