@@ -236,3 +236,48 @@ fn health_and_info_report_the_limits_and_the_store() {
     assert_eq!(info.limits, Some(limits));
     assert_eq!(info.store, Some(node.store().store_id().unwrap()));
 }
+
+/// A push that cannot get its share of the server's push memory within half the request
+/// timeout is answered 503 `busy` with `Retry-After`, and stores nothing; the push that
+/// held the memory is not disturbed by it.
+#[test]
+fn a_push_over_the_memory_budget_waits_then_gets_503() {
+    use std::io::{Read, Write};
+    let node = Node::new();
+    let server = node.serve_with(|c| c.limits.request_timeout = std::time::Duration::from_secs(2));
+    // Announce a body of the whole budget (64 MiB) and send none of it: its push holds
+    // the budget until its request times out.
+    let mut hog = std::net::TcpStream::connect(server.addr()).unwrap();
+    write!(
+        hog,
+        "POST /v1/facts HTTP/1.1\r\nhost: x\r\ncontent-type: {CBOR}\r\ncontent-length: {}\r\n\r\n",
+        64 << 20
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let f = fact("A", 1, &[]);
+    let mut s = std::net::TcpStream::connect(server.addr()).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let body = f.canonical_bytes();
+    write!(
+        s,
+        "POST /v1/facts HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: {CBOR}\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    assert!(answer.contains("\"busy\""), "{answer}");
+    assert_eq!(node.store().count_and_max_seq().unwrap().0, 0);
+    drop(hog);
+    // Once the budget is free, the same push is stored.
+    let (status, _) = raw_http(server.addr(), "POST", "/v1/facts", CBOR, body, None);
+    assert_eq!(status, 200);
+}

@@ -28,12 +28,12 @@ pub(super) struct App {
     pub(super) shutdown: watch::Receiver<bool>,
     /// The served database's identity (`precedent-store` header).
     pub(super) store_id: HeaderValue,
-    /// The memory budget of pushes, in bytes of request body: a push takes as many
-    /// permits as its body's length before it reads the body, and gives them back when
+    /// The memory budget of pushes, in KiB of request body: a push takes as many
+    /// permits as its body's length in KiB before it reads the body, and gives them back when
     /// it has been stored. So the bodies held in memory at once, and the one decoded
     /// beside them, stay bounded whatever the number of concurrent pushes.
     pub(super) push_budget: Arc<tokio::sync::Semaphore>,
-    /// The permits `push_budget` was created with.
+    /// The budget in bytes (`push_budget` has as many permits as KiB in it).
     pub(super) push_budget_bytes: usize,
 }
 

@@ -179,7 +179,10 @@ impl Server {
             shutdown: stop_rx,
             store_id: axum::http::HeaderValue::from_str(&self.store_id)
                 .expect("hex is a header value"),
-            push_budget: Arc::new(Semaphore::new(self.config.limits.push_budget())),
+            // In KiB: a permit is a KiB of request body.
+            push_budget: Arc::new(Semaphore::new(
+                self.config.limits.push_budget().div_ceil(1024),
+            )),
             push_budget_bytes: self.config.limits.push_budget(),
         });
         let router = router(app.clone());
