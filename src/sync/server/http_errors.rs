@@ -160,6 +160,25 @@ impl<S: AsyncWrite + WriteNow + Unpin> AsyncWrite for Intercept<S> {
         Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let first = bufs.iter().find(|b| !b.is_empty());
+        if first.is_some_and(|b| b.starts_with(b"HTTP/1.1 ")) || !this.out.is_empty() {
+            // An answer starts (or a replaced one is going out): one slice at a time, so
+            // that the check above sees the head by itself.
+            return Pin::new(this).poll_write(cx, first.map_or(&[][..], |b| &b[..]));
+        }
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         ready!(this.drain(cx))?;
