@@ -35,6 +35,8 @@ pub(super) struct App {
     pub(super) push_budget: Arc<tokio::sync::Semaphore>,
     /// The budget in bytes (`push_budget` has as many permits as KiB in it).
     pub(super) push_budget_bytes: usize,
+    /// One permit: the push whose body is being stored.
+    pub(super) push_turn: tokio::sync::Semaphore,
 }
 
 impl App {

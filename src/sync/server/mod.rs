@@ -184,6 +184,7 @@ impl Server {
                 self.config.limits.push_budget().div_ceil(1024),
             )),
             push_budget_bytes: self.config.limits.push_budget(),
+            push_turn: Semaphore::new(1),
         });
         let router = router(app.clone());
         let connections = Arc::new(Semaphore::new(self.config.limits.max_connections));

@@ -3,10 +3,10 @@
 //! Memory: a push first takes permits from the server's push budget for its body's
 //! length (`App::push_budget`), so the bodies held at once are bounded whatever the
 //! number of pushes in flight; one that cannot get them within half the request timeout
-//! is answered 503 `busy` with `Retry-After`. The body is then decoded and stored in
-//! chunks of [`CHUNK`] facts inside the one write transaction, so only one chunk of
-//! decoded facts is in memory beside the body, and only in the push that holds the
-//! writer.
+//! is answered 503 `busy` with `Retry-After`. The body is read into one buffer of its
+//! announced length, then split, decoded and stored in chunks of [`CHUNK`] facts inside
+//! the one write transaction: the index of its records and one chunk of decoded facts
+//! exist only for the push that holds the writer, beside the bodies that wait.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 
 use super::app::{App, Caller, Failure, Need, authorize};
-use super::routes::{json_response, read_body, require_content_type, too_many};
+use super::routes::{json_response, require_content_type, too_many};
 use crate::error::Error;
 use crate::fact::Fact;
 use crate::hash::FactHash;
@@ -37,8 +37,17 @@ pub(super) async fn push(
     let caller = authorize(&app, &headers, Need::Write)?;
     require_content_type(&headers, wire::CBOR_SEQ)?;
     inc(&app.metrics.requests_push, 1);
-    let _permit = take_budget(&app, &headers).await?;
-    let bytes = read_body(&app, body).await?;
+    let (_permit, announced) = take_budget(&app, &headers).await?;
+    let bytes = read_push_body(&app, body, announced).await?;
+    // One push at a time on a blocking thread: they take turns at the store's one writer
+    // anyway, and so a push's decoding does not run on a thread (and in an allocator
+    // arena) of its own while the others wait, which under many concurrent pushes left
+    // each arena holding a push's worth of freed memory.
+    let _turn = app
+        .push_turn
+        .acquire()
+        .await
+        .map_err(|_| Failure::internal("server is shutting down".into()))?;
     let a = app.clone();
     let report = tokio::task::spawn_blocking(move || store_push(&a, &caller, &bytes))
         .await
@@ -55,7 +64,7 @@ pub(super) async fn push(
 async fn take_budget(
     app: &Arc<App>,
     headers: &HeaderMap,
-) -> Result<tokio::sync::OwnedSemaphorePermit, Failure> {
+) -> Result<(tokio::sync::OwnedSemaphorePermit, Option<usize>), Failure> {
     let max = app.limits.max_body_bytes;
     let announced = headers
         .get(header::CONTENT_LENGTH)
@@ -76,7 +85,7 @@ async fn take_budget(
     let kib = u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
     let wait = app.limits.request_timeout / 2;
     match tokio::time::timeout(wait, app.push_budget.clone().acquire_many_owned(kib)).await {
-        Ok(Ok(permit)) => Ok(permit),
+        Ok(Ok(permit)) => Ok((permit, announced.map(|n| n as usize))),
         _ => Err(Failure::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "busy",
@@ -90,16 +99,46 @@ async fn take_budget(
     }
 }
 
+/// Reads a push body into one buffer, of its announced length when it has one: 413 past
+/// the body limit.
+async fn read_push_body(
+    app: &App,
+    mut body: Body,
+    announced: Option<usize>,
+) -> Result<Vec<u8>, Failure> {
+    use http_body_util::BodyExt;
+    let max = app.limits.max_body_bytes;
+    let mut out = Vec::with_capacity(announced.unwrap_or(0).min(max));
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| super::routes::bad_request(format!("cannot read request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > max {
+                return Err(Failure::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    format!("request body is over the limit of {max} bytes"),
+                ));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out)
+}
+
 /// Splits, checks and stores one push body in one transaction.
 fn store_push(app: &App, caller: &Caller, bytes: &[u8]) -> Result<PushReport, Failure> {
-    let records = wire::split_records(bytes);
     let max = app.limits.max_facts_per_request;
-    if records.len() as u64 > max {
-        return Err(too_many(records.len() as u64, max, "records"));
-    }
-    inc(&app.metrics.facts_received, records.len() as u64);
-    let mut forbidden: Option<Failure> = None;
+    let mut refusal: Option<Failure> = None;
     let result = app.store.write(|w| {
+        let records = wire::split_records(bytes);
+        if records.len() as u64 > max {
+            refusal = Some(too_many(records.len() as u64, max, "records"));
+            return Err(Error::SyncConfig {
+                reason: "too many records".into(),
+            });
+        }
+        inc(&app.metrics.facts_received, records.len() as u64);
         let mut push = Push::new(w.max_seq()?);
         let mut chunk = Vec::with_capacity(CHUNK.min(records.len()));
         for (i, r) in records.iter().enumerate() {
@@ -112,7 +151,7 @@ fn store_push(app: &App, caller: &Caller, bytes: &[u8]) -> Result<PushReport, Fa
                     if let Some(g) = &caller.grant
                         && !g.may_write_type(f.type_name())
                     {
-                        forbidden = Some(forbidden_type(g, &f));
+                        refusal = Some(forbidden_type(g, &f));
                         return Err(Error::SyncConfig {
                             reason: "forbidden type".into(),
                         });
@@ -135,7 +174,8 @@ fn store_push(app: &App, caller: &Caller, bytes: &[u8]) -> Result<PushReport, Fa
         push.insert(w, chunk)?;
         push.finish(w, &caller.name, app.limits.max_held_per_peer, records.len())
     });
-    if let Some(f) = forbidden {
+    // A refusal decided inside the transaction (which it rolled back).
+    if let Some(f) = refusal {
         return Err(f);
     }
     let report = result.map_err(Failure::from)?;

@@ -138,7 +138,7 @@ struct PullQuery {
     roots: Vec<FactHash>,
 }
 
-fn bad_request(message: impl Into<String>) -> Failure {
+pub(super) fn bad_request(message: impl Into<String>) -> Failure {
     Failure::new(StatusCode::BAD_REQUEST, "bad_request", message)
 }
 
