@@ -464,7 +464,16 @@ impl Client {
     /// When both sides hold the same fact set, marks everything local as pushed.
     fn skip_push_if_in_sync(&self, r: &Round<'_>) -> Result<()> {
         let push_after = r.store.peer(&r.key)?.map_or(0, |p| p.push_after);
-        if r.store.max_seq()? - push_after <= self.batch as i64 {
+        let max = r.store.max_seq()?;
+        // Only the facts not known to have come from the peer would be pushed.
+        let unknown: i64 = r
+            .known
+            .seqs
+            .gaps(push_after, max)
+            .iter()
+            .map(|(a, b)| b - a)
+            .sum();
+        if unknown <= self.batch as i64 {
             return Ok(()); // cheaper to push than to compare
         }
         let remote = self.info()?;
