@@ -7,7 +7,10 @@
 //!    same 100 facts pulled into an empty store (median of several rounds);
 //! 3. **follower delay**: a `precedent sync --follow` process, from a fact's commit on the
 //!    server's database to its arrival in the follower's database (median and max);
-//! 4. **peak memory** (`ru_maxrss` from `wait4`) of the server and of every client process.
+//! 4. **peak memory** (`ru_maxrss` from `wait4`) of the server and of every client process;
+//! 5. **bytes sent**: the first `precedent sync URL` of a store holding facts of its own
+//!    (1% of N) against the server of N facts, and the sync after it: the bytes pushed
+//!    and pulled against the bytes of the facts the other side lacked.
 //!
 //! Settings, from the environment:
 //! - `PRECEDENT_BENCH_N`: facts (default 1,000,000).
@@ -92,6 +95,19 @@ fn run(args: &[&str]) -> (f64, f64) {
     let (ok, mb) = reap(child);
     assert!(ok, "precedent {args:?} failed");
     (start.elapsed().as_secs_f64(), mb)
+}
+
+/// Runs `precedent --json ARGS` to its end; its JSON report.
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = Command::new(BIN)
+        .args(&all)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "precedent {all:?} failed");
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 struct Served {
@@ -181,6 +197,20 @@ fn main() {
     assert_eq!(b.count_and_max_seq().unwrap().0, n, "full sync incomplete");
     drop((a, b));
 
+    eprintln!("bytes: a store with facts of its own syncs with the server of N");
+    let mixed = p("mixed.db");
+    let own = new_facts(1_000_000, (n / 100).max(1));
+    let own_bytes: u64 = own.iter().map(|f| f.canonical_bytes().len() as u64).sum();
+    Store::open(&mixed).unwrap().insert_batch(own).unwrap();
+    let first = run_json(&["--db", &s(&mixed), "sync", &server.url]);
+    let second = run_json(&["--db", &s(&mixed), "sync", &server.url]);
+    let num = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    let push_ratio = num(&first, "bytes_pushed") as f64 / own_bytes as f64;
+    let pull_ratio = num(&first, "bytes_pulled") as f64 / bytes as f64;
+    // Converged: it received all N. (No count here: reading the databases would raise
+    // this process's resident size, which Linux carries into the children it spawns next.)
+    assert_eq!(num(&first, "pulled"), n);
+
     eprintln!("incremental: 100 new facts into the full store and into an empty one");
     let (mut big_t, mut empty_t, mut inc_mb, mut small_mb) = (Vec::new(), Vec::new(), 0f64, 0f64);
     for round in 0..rounds {
@@ -260,6 +290,14 @@ fn main() {
         "incremental_full_store_ms": big_inc * 1000.0,
         "incremental_empty_store_ms": empty_inc * 1000.0,
         "incremental_ratio": inc_ratio,
+        "mixed_first_sync": {
+            "own_facts": (n / 100).max(1), "own_bytes": own_bytes,
+            "pushed": num(&first, "pushed"), "bytes_pushed": num(&first, "bytes_pushed"),
+            "pulled": num(&first, "pulled"), "bytes_pulled": num(&first, "bytes_pulled"),
+            "push_bytes_per_missing_byte": push_ratio,
+            "pull_bytes_per_missing_byte": pull_ratio,
+        },
+        "mixed_second_sync": {"pulled": num(&second, "pulled"), "pushed": num(&second, "pushed")},
         "follower_delay_median_ms": med_delay,
         "follower_delay_max_ms": max_delay,
         "peak_mb": {
@@ -273,6 +311,14 @@ fn main() {
         ("incremental full / empty store <= 2.0", inc_ratio <= 2.0),
         ("follower delay max < 1000 ms", max_delay < 1000.0),
         ("peak memory < 200 MB", peak < MEMORY_LIMIT_MB),
+        (
+            "bytes pushed and pulled <= 1.1 x the facts the other side lacked",
+            push_ratio <= 1.1 && pull_ratio <= 1.1,
+        ),
+        (
+            "the sync after it moves nothing",
+            num(&second, "pulled") + num(&second, "pushed") == 0,
+        ),
     ];
     for (what, ok) in targets {
         println!("{} {what}", if ok { "met   " } else { "MISSED" });

@@ -212,6 +212,16 @@ pub fn decode_fact(bytes: &[u8], expected: Option<FactHash>) -> Result<crate::Fa
 /// # Errors
 /// [`Error::Decode`] with the offset of the offending byte.
 pub fn item_len(buf: &[u8]) -> Result<Option<usize>> {
+    item_len_within(buf, limits::MAX_FACT_BYTES)
+}
+
+/// [`item_len`] with another size limit in place of [`limits::MAX_FACT_BYTES`]: with a
+/// limit as large as `buf`, it frames a record that is too large to be a fact, so that a
+/// reader can skip it and go on to the next one.
+///
+/// # Errors
+/// As [`item_len`].
+pub fn item_len_within(buf: &[u8], max_bytes: usize) -> Result<Option<usize>> {
     let mut pos = 0usize;
     // Items still to read at each open nesting level.
     let mut pending: Vec<u64> = vec![1];
@@ -221,10 +231,10 @@ pub fn item_len(buf: &[u8]) -> Result<Option<usize>> {
             continue;
         }
         *left -= 1;
-        if pos > limits::MAX_FACT_BYTES {
+        if pos > max_bytes {
             return Err(Error::Decode {
                 offset: pos,
-                reason: format!("record over the limit of {} bytes", limits::MAX_FACT_BYTES),
+                reason: format!("record over the limit of {max_bytes} bytes"),
             });
         }
         let Some(&first) = buf.get(pos) else {
@@ -254,7 +264,7 @@ pub fn item_len(buf: &[u8]) -> Result<Option<usize>> {
         pos += 1 + extra;
         match major {
             MAJOR_BYTES | MAJOR_TEXT => {
-                if arg > limits::MAX_FACT_BYTES as u64 {
+                if arg > max_bytes as u64 {
                     return Err(Error::Decode {
                         offset: pos,
                         reason: format!("string of {arg} bytes in a record over the size limit"),

@@ -1377,3 +1377,245 @@ fn http_duplicate_records_in_push() {
     assert_eq!(again["duplicates"].as_u64(), Some(2), "{again}");
     assert_eq!(node.store().count_and_max_seq().unwrap().0, 1);
 }
+
+// ---------------------------------------------------------------------------------------
+// Sync: requests below the routes, oversize records, scopes in a body, and the peer's URL
+// (issue 16). Rows in the catalogue under "The sync server" and "Syncing with a peer".
+
+/// Writes `request` on a new connection and reads the answer to its end: (status, JSON).
+fn raw_exchange(
+    server: &precedent::sync::server::Running,
+    request: &[u8],
+) -> (u16, serde_json::Value) {
+    let mut s = TcpStream::connect(server.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = s.write_all(request);
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    assert!(text.starts_with("HTTP/1.1 "), "{text:?}");
+    let status = text[9..12].parse().unwrap();
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(body).unwrap_or_default())
+}
+
+#[test]
+fn http_uri_too_long() {
+    let node = Node::new();
+    let server = node.serve();
+    let roots = format!("&root={}", "ab".repeat(32)).repeat(1000);
+    let request = format!("GET /v1/facts?after=0{roots} HTTP/1.1\r\nhost: x\r\n\r\n");
+    let got = raw_exchange(&server, request.as_bytes());
+    assert_error(got.clone(), 414, "uri_too_long");
+    assert!(
+        got.1["message"].as_str().unwrap().contains("POST /v1/pull"),
+        "{}",
+        got.1
+    );
+    assert_eq!(http(&server, "GET", "/v1/health", "", b"", None).0, 200);
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_headers_too_large() {
+    let node = Node::new();
+    let server = node.serve();
+    let request = format!(
+        "GET /v1/health HTTP/1.1\r\nhost: x\r\nx-filler: {}\r\n\r\n",
+        "a".repeat(600 * 1024)
+    );
+    assert_error(
+        raw_exchange(&server, request.as_bytes()),
+        431,
+        "headers_too_large",
+    );
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_malformed_request_head() {
+    let node = Node::new();
+    let server = node.serve();
+    for request in [
+        &b"GET /v1/health HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n"[..],
+        b"GET /v1/he alth HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"GET /v1/health HTTP/9.9\r\nhost: x\r\n\r\n",
+    ] {
+        assert_error(raw_exchange(&server, request), 400, "bad_request");
+    }
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_request_head_never_finishes() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.limits.request_timeout = Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    let got = raw_exchange(&server, b"POST /v1/facts HTTP/1.1\r\nhost: x\r\ncontent-ty");
+    assert_error(got, 408, "timeout");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_nothing_stored(&node);
+}
+
+#[test]
+fn http_oversize_record_in_push() {
+    let node = Node::new();
+    let server = node.serve();
+    let (a, b) = (fact("A", 1, &[]), fact("B", 2, &[]));
+    // A well-framed CBOR byte string of 1 MiB and 16 bytes: too large to be a fact.
+    let mut huge = vec![0x5a];
+    huge.extend_from_slice(&((1u32 << 20) + 10).to_be_bytes());
+    huge.resize(huge.len() + (1 << 20) + 10, 7);
+    let body = [a.canonical_bytes(), &huge[..], b.canonical_bytes()].concat();
+    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(
+        (json["received"].as_u64(), json["inserted"].as_u64()),
+        (Some(3), Some(2)),
+        "{json}"
+    );
+    assert_eq!(json["rejected"][0]["index"].as_u64(), Some(1), "{json}");
+    assert!(
+        json["rejected"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("over the limit"),
+        "{json}"
+    );
+    let s = node.store();
+    assert_eq!(s.count_and_max_seq().unwrap().0, 2);
+    assert_eq!(s.quarantine_count().unwrap(), 1);
+}
+
+#[test]
+fn http_scoped_pull_with_many_roots() {
+    let node = Node::new();
+    let root = fact("Root", 0, &[]);
+    let child = fact("Child", 0, &[root.hash()]);
+    node.store()
+        .insert_batch(vec![root.clone(), child.clone()])
+        .unwrap();
+    let server = node.serve();
+    // 1,024 roots (the documented bound) in a POST /v1/pull body: answered as a pull.
+    let mut roots: Vec<String> = (0..1023).map(|i| format!("{:064x}", i + 1)).collect();
+    roots.push(root.hash().to_string());
+    let body = serde_json::to_vec(&serde_json::json!({"after": 0, "roots": roots})).unwrap();
+    let (status, _) =
+        sync_support::raw_http(server.addr(), "POST", "/v1/pull", JSON_CT, &body, None);
+    assert_eq!(status, 200);
+    let client = precedent::sync::client::Client::new(&server.url(), Default::default()).unwrap();
+    let hashes: Vec<FactHash> = roots.iter().map(|r| r.parse().unwrap()).collect();
+    let page = client.pull_page(0, 100, Duration::ZERO, &hashes).unwrap();
+    assert_eq!(page.records.len(), 2);
+    // One root more, a bad root, an unknown key: 400.
+    roots.push(format!("{:064x}", 5000));
+    for bad in [
+        serde_json::json!({"roots": roots}),
+        serde_json::json!({"roots": ["zz"]}),
+        serde_json::json!({"after": 0, "rots": []}),
+        serde_json::json!({"limit": 0}),
+    ] {
+        let body = serde_json::to_vec(&bad).unwrap();
+        assert_error(
+            http(&server, "POST", "/v1/pull", JSON_CT, &body, None),
+            400,
+            "bad_request",
+        );
+    }
+}
+
+/// `precedent sync URL` against `server` from a fresh database: its output.
+fn sync_cli(url: &str, extra: &[&str]) -> (Output, Db) {
+    let db = Db::init();
+    let mut args = vec!["sync", url];
+    args.extend_from_slice(extra);
+    (db.run(&args), db)
+}
+
+#[test]
+fn sync_https_against_a_plain_server() {
+    let node = Node::new();
+    node.store().insert(&fact("A", 1, &[])).unwrap();
+    let server = node.serve();
+    let url = server.url().replace("http://", "https://");
+    let (out, db) = sync_cli(&url, &[]);
+    assert_fails(
+        &out,
+        5,
+        "speaks plain HTTP, not HTTPS (try http://127.0.0.1:",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim().lines().count(),
+        1
+    );
+    assert_eq!(db.counts(), (0, 0));
+}
+
+#[test]
+fn sync_url_with_a_path() {
+    let node = Node::new();
+    node.store().insert(&fact("A", 1, &[])).unwrap();
+    let server = node.serve();
+    // The protocol prefix is the base URL, with or without a slash.
+    for suffix in ["/v1", "/v1/"] {
+        let (out, db) = sync_cli(&format!("{}{suffix}", server.url()), &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(db.counts().0, 1);
+    }
+    // Another path: the 404 says what the URL should be.
+    let (out, db) = sync_cli(&format!("{}/precedent", server.url()), &[]);
+    assert_fails(
+        &out,
+        5,
+        "does not look like the base URL of a precedent server",
+    );
+    assert_eq!(db.counts(), (0, 0));
+}
+
+#[test]
+fn sync_with_its_own_server() {
+    let node = Node::new();
+    node.store().insert(&fact("A", 1, &[])).unwrap();
+    let server = node.serve();
+    for extra in [&[][..], &["--push"], &["--pull"]] {
+        let out = common::bin::run(
+            &node.db,
+            &[&["sync", &server.url()][..], extra].concat(),
+            b"",
+        );
+        assert_fails(&out, 1, "serves this database itself");
+    }
+    let s = node.store();
+    assert_eq!(s.count_and_max_seq().unwrap(), (1, 1));
+    assert!(
+        s.peer(&server.url())
+            .unwrap()
+            .is_none_or(|p| p.pull_after == 0 && p.push_after == 0)
+    );
+}
+
+#[test]
+fn sync_push_with_a_read_only_token() {
+    let node = Node::new();
+    let server = node.serve_with(|c| c.tokens = tokens());
+    let db = Db::init();
+    let f = fact("Shop", 1, &[]);
+    std::fs::write(db.path.with_file_name("f.cbor"), f.canonical_bytes()).unwrap();
+    db.ok(&["import", db.path.with_file_name("f.cbor").to_str().unwrap()]);
+    let out = db.run(&["sync", &server.url(), "--token", "r-secret"]);
+    assert_fails(&out, 5, "precedent sync --pull");
+    assert_nothing_stored(&node);
+    // And pulling with it works.
+    let out = db.run(&["sync", &server.url(), "--token", "r-secret", "--pull"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

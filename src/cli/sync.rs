@@ -278,6 +278,8 @@ fn report_json(r: &SyncReport) -> serde_json::Value {
         "quarantined": r.quarantined,
         "remote_seq": r.remote_seq,
         "replaced": r.replaced,
+        "bytes_pulled": r.bytes_pulled,
+        "bytes_pushed": r.bytes_pushed,
     })
 }
 

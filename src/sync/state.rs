@@ -578,6 +578,20 @@ impl Writer<'_> {
         Ok(n as u64)
     }
 
+    /// The sequence number and hash of each fact released after `after`, in release
+    /// order, as this transaction sees them: what the transaction itself released, when
+    /// `after` is the highest sequence it started with.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a stored hash that is not 32 bytes; [`Error::Backend`].
+    pub fn released_after(&self, after: i64) -> Result<Vec<(i64, FactHash)>> {
+        self.sql().query_vec(
+            "SELECT seq, hash FROM fact WHERE seq > ?1 ORDER BY seq",
+            args![after],
+            |r| Ok((r.get(0)?, r.hash(1)?)),
+        )
+    }
+
     /// Hashes that held facts wait for and that are not stored at all, as this
     /// transaction sees them. At most `limit`.
     ///

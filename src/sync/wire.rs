@@ -6,8 +6,9 @@ use std::io::Read;
 
 use serde::{Deserialize, Serialize};
 
-use crate::encoding::item_len;
+use crate::encoding::{item_len, item_len_within};
 use crate::error::Error;
+use crate::fact::limits::MAX_FACT_BYTES;
 
 /// The protocol version, also the path prefix (`/v1/...`).
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -22,6 +23,11 @@ pub const PATH_INFO: &str = "/v1/info";
 pub const PATH_FACTS: &str = "/v1/facts";
 /// `POST`: fetch facts by hash.
 pub const PATH_FETCH: &str = "/v1/fetch";
+/// `POST`: a pull whose parameters come in a JSON body ([`PullRequest`]), for a scope
+/// with more roots than fit in a URL.
+pub const PATH_PULL: &str = "/v1/pull";
+/// The most roots one scoped pull may name.
+pub const MAX_ROOTS: usize = 1024;
 /// `GET`: metrics in the Prometheus text format.
 pub const PATH_METRICS: &str = "/metrics";
 
@@ -62,6 +68,50 @@ pub struct Info {
     pub max_seq: i64,
     /// Held facts.
     pub held: u64,
+    /// The identity of the served database ([`HEADER_STORE`]); absent from servers
+    /// before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    /// The server's limits, which a client fits its requests to; absent from servers
+    /// before they were added (a client then assumes the defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ServerLimits>,
+}
+
+/// The limits a server applies to each request, as `GET /v1/info` reports them
+/// (`docs/protocol.md`, "Limits").
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Largest request body, in bytes.
+    pub max_body_bytes: u64,
+    /// Most records in a push, hashes in a fetch, facts in a pull page.
+    pub max_facts_per_request: u64,
+    /// Most facts pushed by one peer held on the server at once.
+    pub max_held_per_peer: u64,
+    /// Longest a request may take before its answer starts, in ms.
+    pub request_timeout_ms: u64,
+    /// Longest long-poll wait a pull gets, in ms.
+    pub max_wait_ms: u64,
+    /// Most roots in one scoped pull.
+    pub max_roots: u64,
+}
+
+/// The body of `POST /v1/pull`: the parameters of `GET /v1/facts`, roots included.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PullRequest {
+    /// The bookmark: facts with `seq > after`.
+    #[serde(default)]
+    pub after: i64,
+    /// Most facts in the page (default 10,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// Long-poll wait, in ms.
+    #[serde(default)]
+    pub wait_ms: u64,
+    /// A scoped pull's roots, 64 hex digits each (at most [`MAX_ROOTS`]).
+    #[serde(default)]
+    pub roots: Vec<String>,
 }
 
 /// One record of a push that was refused, with its position in the body.
@@ -97,6 +147,12 @@ pub struct PushReport {
     /// Hashes that held facts on the server wait for and that it does not have at all
     /// (at most 1,000).
     pub missing: Vec<String>,
+    /// The server sequence numbers this push gave to facts of its body, as inclusive
+    /// `[first, last]` ranges in order: facts the pushing client need not pull back.
+    /// Held facts of other peers that the push released are not in them. Absent from
+    /// servers before it was added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seqs: Vec<(i64, i64)>,
 }
 
 /// The body of `POST /v1/fetch`.
@@ -113,6 +169,9 @@ pub struct Health {
     pub status: String,
     /// The protocol version.
     pub protocol: u32,
+    /// The server's limits, as in [`Info::limits`] (no token is needed to read them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ServerLimits>,
 }
 
 /// A record that could not be split off a CBOR sequence: the rest of the stream cannot be
@@ -131,8 +190,10 @@ pub struct FramingError {
 /// Most bytes of an unframeable tail kept for the quarantine.
 const MAX_KEPT_TAIL: usize = 1 << 20;
 
-/// Splits a CBOR sequence held in memory into its records. A record that cannot be framed
-/// ends the split: it and everything after it come back as one `Err`.
+/// Splits a CBOR sequence held in memory into its records. A well-framed record over the
+/// size limit of a fact comes back as an `Err` of its own and the split goes on after it.
+/// A record that cannot be framed ends the split: it and everything after it come back as
+/// one `Err`.
 pub fn split_records(buf: &[u8]) -> Vec<Result<&[u8], FramingError>> {
     let mut out = Vec::new();
     let mut pos = 0;
@@ -140,6 +201,13 @@ pub fn split_records(buf: &[u8]) -> Vec<Result<&[u8], FramingError>> {
         match item_len(&buf[pos..]) {
             Ok(Some(n)) => {
                 out.push(Ok(&buf[pos..pos + n]));
+                pos += n;
+            }
+            Err(_) if oversize_len(&buf[pos..]).is_some() => {
+                let n = oversize_len(&buf[pos..]).unwrap_or(0);
+                let reason =
+                    format!("record of {n} bytes is over the limit of {MAX_FACT_BYTES} bytes");
+                out.push(Err(tail(reason, false, &buf[pos..pos + n])));
                 pos += n;
             }
             Ok(None) => {
@@ -159,6 +227,23 @@ pub fn split_records(buf: &[u8]) -> Vec<Result<&[u8], FramingError>> {
     out
 }
 
+/// A stream reader reads at most this much of a record too large for a fact to find its
+/// end and skip it; beyond that, the rest of the stream is one bad record.
+const MAX_OVERSIZE: usize = 64 << 20;
+
+fn oversize_reason(n: usize) -> String {
+    format!("record of {n} bytes is over the limit of {MAX_FACT_BYTES} bytes")
+}
+
+/// The length of a well-framed record at the start of `buf` that is over the size limit of
+/// a fact, if that is what is there.
+fn oversize_len(buf: &[u8]) -> Option<usize> {
+    match item_len_within(buf, buf.len()) {
+        Ok(Some(n)) if n > MAX_FACT_BYTES => Some(n),
+        _ => None,
+    }
+}
+
 fn tail(reason: String, truncated: bool, bytes: &[u8]) -> FramingError {
     FramingError {
         reason,
@@ -168,7 +253,9 @@ fn tail(reason: String, truncated: bool, bytes: &[u8]) -> FramingError {
 }
 
 /// Reads the records of a CBOR sequence from a stream, one at a time, with memory bounded
-/// by the largest record (1 MiB) plus a read buffer.
+/// by the largest record (1 MiB) plus a read buffer; a well-framed record over that size
+/// (at most 64 MiB read to find its end) comes back as an `Err` of its own and the reading
+/// goes on after it.
 pub struct RecordReader<R> {
     inner: R,
     buf: Vec<u8>,
@@ -213,10 +300,21 @@ impl<R: Read> RecordReader<R> {
                         return Ok(Some(Err(tail(reason, true, pending))));
                     }
                     Ok(None) => {}
-                    Err(e) => {
-                        self.failed = true;
-                        return Ok(Some(Err(tail(e.to_string(), false, pending))));
-                    }
+                    Err(e) => match item_len_within(pending, usize::MAX) {
+                        // A well-framed record too large for a fact: one bad record, and
+                        // the reader goes on after it, as `split_records` does.
+                        Ok(Some(n)) => {
+                            let reason = oversize_reason(n);
+                            let bad = tail(reason, false, &pending[..n]);
+                            self.start += n;
+                            return Ok(Some(Err(bad)));
+                        }
+                        Ok(None) if !self.eof && pending.len() < MAX_OVERSIZE => {}
+                        _ => {
+                            self.failed = true;
+                            return Ok(Some(Err(tail(e.to_string(), false, pending))));
+                        }
+                    },
                 }
             } else if self.eof {
                 return Ok(None);
@@ -273,5 +371,30 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, 3);
+    }
+
+    #[test]
+    fn an_oversize_record_is_skipped_by_both() {
+        let a = Fact::builder("A").field("n", 1).build().unwrap();
+        let mut huge = vec![0x5a];
+        huge.extend_from_slice(&((MAX_FACT_BYTES as u32) + 1).to_be_bytes());
+        huge.resize(huge.len() + MAX_FACT_BYTES + 1, 0);
+        let body = [a.canonical_bytes(), &huge[..], a.canonical_bytes()].concat();
+        let split = split_records(&body);
+        assert_eq!(split.len(), 3);
+        assert!(
+            split[1]
+                .as_ref()
+                .unwrap_err()
+                .reason
+                .contains("over the limit")
+        );
+        assert_eq!(split[2].as_ref().unwrap(), &a.canonical_bytes());
+        let mut reader = RecordReader::new(&body[..]);
+        let mut oks = 0;
+        while let Some(r) = reader.next_record().unwrap() {
+            oks += usize::from(r.is_ok());
+        }
+        assert_eq!(oks, 2);
     }
 }

@@ -28,6 +28,15 @@ pub(super) struct App {
     pub(super) shutdown: watch::Receiver<bool>,
     /// The served database's identity (`precedent-store` header).
     pub(super) store_id: HeaderValue,
+    /// The memory budget of pushes, in KiB of request body: a push takes as many
+    /// permits as its body's length in KiB before it reads the body, and gives them back when
+    /// it has been stored. So the bodies held in memory at once, and the one decoded
+    /// beside them, stay bounded whatever the number of concurrent pushes.
+    pub(super) push_budget: Arc<tokio::sync::Semaphore>,
+    /// The budget in bytes (`push_budget` has as many permits as KiB in it).
+    pub(super) push_budget_bytes: usize,
+    /// One permit: the push whose body is being stored.
+    pub(super) push_turn: tokio::sync::Semaphore,
 }
 
 impl App {
@@ -51,6 +60,8 @@ pub(super) struct Failure {
     pub(super) status: StatusCode,
     pub(super) code: &'static str,
     pub(super) message: String,
+    /// Seconds to send as `Retry-After` (503 answers).
+    pub(super) retry_after: Option<u64>,
 }
 
 impl Failure {
@@ -63,7 +74,14 @@ impl Failure {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// The same failure, asking the client to retry after `secs` seconds.
+    pub(super) fn retry_after(mut self, secs: u64) -> Failure {
+        self.retry_after = Some(secs);
+        self
     }
 
     pub(super) fn internal(message: String) -> Failure {
@@ -85,7 +103,8 @@ impl From<Error> for Failure {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "busy",
                 "database is busy; retry",
-            ),
+            )
+            .retry_after(1),
             other => Failure::internal(other.to_string()),
         }
     }
@@ -93,7 +112,12 @@ impl From<Error> for Failure {
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
-        error_response(self.status, self.code, &self.message)
+        let mut r = error_response(self.status, self.code, &self.message);
+        if let Some(secs) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        r
     }
 }
 

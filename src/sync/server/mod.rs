@@ -24,9 +24,12 @@ use crate::sync::metrics::Metrics;
 use crate::sync::wire;
 
 mod app;
+mod http_errors;
+mod push;
 mod routes;
 
 use app::App;
+use http_errors::Intercept;
 use routes::router;
 
 /// Bounds on what one peer can make the server do. Each breach is answered with a JSON
@@ -49,6 +52,23 @@ pub struct Limits {
     /// Most connections open at once; one more is answered 503 `too_many_connections`
     /// and closed. Default 256.
     pub max_connections: usize,
+}
+
+impl Limits {
+    /// The longest a long-poll actually waits: [`Limits::max_wait`], and below the request
+    /// timeout (by a second, or by half of it when it is under two seconds), so that a
+    /// waiting pull answers with an empty page rather than 408.
+    pub fn long_poll_cap(&self) -> Duration {
+        let t = self.request_timeout;
+        self.max_wait
+            .min(t.saturating_sub(Duration::from_secs(1)).max(t / 2))
+    }
+
+    /// The bytes of request bodies that pushes in progress may hold at once: the body limit,
+    /// and at least 64 MiB.
+    pub fn push_budget(&self) -> usize {
+        self.max_body_bytes.max(64 << 20)
+    }
 }
 
 impl Default for Limits {
@@ -159,6 +179,12 @@ impl Server {
             shutdown: stop_rx,
             store_id: axum::http::HeaderValue::from_str(&self.store_id)
                 .expect("hex is a header value"),
+            // In KiB: a permit is a KiB of request body.
+            push_budget: Arc::new(Semaphore::new(
+                self.config.limits.push_budget().div_ceil(1024),
+            )),
+            push_budget_bytes: self.config.limits.push_budget(),
+            push_turn: Semaphore::new(1),
         });
         let router = router(app.clone());
         let connections = Arc::new(Semaphore::new(self.config.limits.max_connections));
@@ -192,13 +218,15 @@ impl Server {
                     .header_read_timeout(header_timeout);
                 match tls {
                     None => {
-                        let conn = http.serve_connection(TokioIo::new(tcp), service);
+                        let conn =
+                            http.serve_connection(TokioIo::new(Intercept::new(tcp)), service);
                         let _ = watcher.watch(conn).await;
                     }
                     Some(acceptor) => {
                         let hs = tokio::time::timeout(header_timeout, acceptor.accept(tcp));
                         if let Ok(Ok(stream)) = hs.await {
-                            let conn = http.serve_connection(TokioIo::new(stream), service);
+                            let io = TokioIo::new(Intercept::new(stream));
+                            let conn = http.serve_connection(io, service);
                             let _ = watcher.watch(conn).await;
                         }
                     }

@@ -17,10 +17,9 @@ use tokio::sync::mpsc;
 
 use super::Limits;
 use crate::error::{Error, Result};
-use crate::fact::Fact;
 use crate::hash::FactHash;
 use crate::sync::metrics::{Gauges, inc};
-use crate::sync::wire::{self, FetchRequest, Health, Info, PushReport, Rejected};
+use crate::sync::wire::{self, FetchRequest, Health, Info};
 
 use super::app::{App, Failure, Need, authorize, error_response};
 
@@ -28,7 +27,8 @@ pub(super) fn router(app: Arc<App>) -> Router {
     Router::new()
         .route(wire::PATH_HEALTH, get(health))
         .route(wire::PATH_INFO, get(info))
-        .route(wire::PATH_FACTS, get(pull).post(push))
+        .route(wire::PATH_FACTS, get(pull).post(super::push::push))
+        .route(wire::PATH_PULL, post(pull_with_body))
         .route(wire::PATH_FETCH, post(fetch))
         .route(wire::PATH_METRICS, get(metrics))
         .fallback(|| async { Failure::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
@@ -62,14 +62,27 @@ async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
     response
 }
 
-async fn health() -> Response {
+async fn health(State(app): State<Arc<App>>) -> Response {
     json_response(&Health {
         status: "ok".into(),
         protocol: wire::PROTOCOL_VERSION,
+        limits: Some(server_limits(&app.limits)),
     })
 }
 
-fn json_response<T: serde::Serialize>(value: &T) -> Response {
+/// The limits as `info` and `health` report them.
+fn server_limits(l: &Limits) -> wire::ServerLimits {
+    wire::ServerLimits {
+        max_body_bytes: l.max_body_bytes as u64,
+        max_facts_per_request: l.max_facts_per_request,
+        max_held_per_peer: l.max_held_per_peer,
+        request_timeout_ms: l.request_timeout.as_millis() as u64,
+        max_wait_ms: l.long_poll_cap().as_millis() as u64,
+        max_roots: wire::MAX_ROOTS as u64,
+    }
+}
+
+pub(super) fn json_response<T: serde::Serialize>(value: &T) -> Response {
     let body = serde_json::to_vec(value).expect("answer serialises");
     ([(header::CONTENT_TYPE, wire::JSON)], body).into_response()
 }
@@ -95,6 +108,8 @@ async fn info(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Respons
         digest: digest.xor_hex(),
         max_seq: digest.through,
         held,
+        store: app.store_id.to_str().ok().map(str::to_string),
+        limits: Some(server_limits(&app.limits)),
     }))
 }
 
@@ -123,7 +138,7 @@ struct PullQuery {
     roots: Vec<FactHash>,
 }
 
-fn bad_request(message: impl Into<String>) -> Failure {
+pub(super) fn bad_request(message: impl Into<String>) -> Failure {
     Failure::new(StatusCode::BAD_REQUEST, "bad_request", message)
 }
 
@@ -145,35 +160,63 @@ fn parse_pull_query(q: Option<&str>, limits: &Limits) -> Result<PullQuery, Failu
                 out.after =
                     i64::try_from(num(v)?).map_err(|_| bad_request("after is out of range"))?
             }
-            "limit" => {
-                let n = num(v)?;
-                if n == 0 || n > limits.max_facts_per_request {
-                    return Err(Failure::new(
-                        StatusCode::BAD_REQUEST,
-                        "bad_request",
-                        format!(
-                            "limit must be 1 to {}, not {n}",
-                            limits.max_facts_per_request
-                        ),
-                    ));
-                }
-                out.limit = n;
-            }
-            "wait_ms" => out.wait = Duration::from_millis(num(v)?).min(limits.max_wait),
-            "root" => {
-                let h = crate::hash::HashPrefix::parse(v)
-                    .ok()
-                    .and_then(|p| p.full())
-                    .ok_or_else(|| bad_request(format!("root={v:?} is not a 64-digit hash")))?;
-                if out.roots.len() >= 1024 {
-                    return Err(bad_request("at most 1024 roots"));
-                }
-                out.roots.push(h);
-            }
+            "limit" => out.limit = check_limit(num(v)?, limits)?,
+            "wait_ms" => out.wait = Duration::from_millis(num(v)?).min(limits.long_poll_cap()),
+            "root" => push_root(&mut out.roots, v)?,
             other => return Err(bad_request(format!("unknown parameter {other:?}"))),
         }
     }
     Ok(out)
+}
+
+fn check_limit(n: u64, limits: &Limits) -> Result<u64, Failure> {
+    if n == 0 || n > limits.max_facts_per_request {
+        return Err(bad_request(format!(
+            "limit must be 1 to {}, not {n}",
+            limits.max_facts_per_request
+        )));
+    }
+    Ok(n)
+}
+
+fn push_root(roots: &mut Vec<FactHash>, v: &str) -> Result<(), Failure> {
+    let h = crate::hash::HashPrefix::parse(v)
+        .ok()
+        .and_then(|p| p.full())
+        .ok_or_else(|| bad_request(format!("root={v:?} is not a 64-digit hash")))?;
+    if roots.len() >= wire::MAX_ROOTS {
+        return Err(bad_request(format!("at most {} roots", wire::MAX_ROOTS)));
+    }
+    roots.push(h);
+    Ok(())
+}
+
+/// The parameters of `POST /v1/pull`, checked as a query string's are.
+fn parse_pull_body(bytes: &[u8], limits: &Limits) -> Result<PullQuery, Failure> {
+    let req: wire::PullRequest = serde_json::from_slice(bytes).map_err(|e| {
+        bad_request(format!(
+            "pull body is not {{\"after\": N, \"limit\": N, \"wait_ms\": N, \"roots\": [...]}}: {e}"
+        ))
+    })?;
+    let after = if req.after < 0 {
+        return Err(bad_request("after is out of range"));
+    } else {
+        req.after
+    };
+    let limit = match req.limit {
+        Some(n) => check_limit(n, limits)?,
+        None => 10_000.min(limits.max_facts_per_request),
+    };
+    let mut roots = Vec::with_capacity(req.roots.len().min(wire::MAX_ROOTS));
+    for r in &req.roots {
+        push_root(&mut roots, r)?;
+    }
+    Ok(PullQuery {
+        after,
+        limit,
+        wait: Duration::from_millis(req.wait_ms).min(limits.long_poll_cap()),
+        roots,
+    })
 }
 
 /// One page of a pull, decided before the body starts.
@@ -191,7 +234,29 @@ async fn pull(
     RawQuery(q): RawQuery,
 ) -> Result<Response, Failure> {
     let caller = authorize(&app, &headers, Need::Read)?;
-    let q = Arc::new(parse_pull_query(q.as_deref(), &app.limits)?);
+    let q = parse_pull_query(q.as_deref(), &app.limits)?;
+    serve_pull(app, caller, q).await
+}
+
+/// `POST /v1/pull`: a pull whose parameters, roots included, come as JSON.
+async fn pull_with_body(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Failure> {
+    let caller = authorize(&app, &headers, Need::Read)?;
+    require_content_type(&headers, wire::JSON)?;
+    let bytes = read_body(&app, body).await?;
+    let q = parse_pull_body(&bytes, &app.limits)?;
+    serve_pull(app, caller, q).await
+}
+
+async fn serve_pull(
+    app: Arc<App>,
+    caller: super::app::Caller,
+    q: PullQuery,
+) -> Result<Response, Failure> {
+    let q = Arc::new(q);
     inc(&app.metrics.requests_pull, 1);
     let deadline = Instant::now() + q.wait;
     let mut shutdown = app.shutdown.clone();
@@ -303,7 +368,7 @@ fn stream_page(app: Arc<App>, after: i64, page: &Page) -> Body {
 }
 
 /// Reads a request body, refusing one over the limit.
-async fn read_body(app: &App, body: Body) -> Result<Bytes, Failure> {
+pub(super) async fn read_body(app: &App, body: Body) -> Result<Bytes, Failure> {
     let max = app.limits.max_body_bytes;
     match http_body_util::Limited::new(body, max).collect().await {
         Ok(c) => Ok(c.to_bytes()),
@@ -321,7 +386,7 @@ async fn read_body(app: &App, body: Body) -> Result<Bytes, Failure> {
     }
 }
 
-fn require_content_type(headers: &HeaderMap, want: &str) -> Result<(), Failure> {
+pub(super) fn require_content_type(headers: &HeaderMap, want: &str) -> Result<(), Failure> {
     let given = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -338,107 +403,12 @@ fn require_content_type(headers: &HeaderMap, want: &str) -> Result<(), Failure> 
     }
 }
 
-fn too_many(n: u64, max: u64, what: &str) -> Failure {
+pub(super) fn too_many(n: u64, max: u64, what: &str) -> Failure {
     Failure::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "too_many_facts",
         format!("{n} {what} in one request; the limit is {max}"),
     )
-}
-
-async fn push(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, Failure> {
-    let caller = authorize(&app, &headers, Need::Write)?;
-    require_content_type(&headers, wire::CBOR_SEQ)?;
-    inc(&app.metrics.requests_push, 1);
-    let bytes = read_body(&app, body).await?;
-    let records = wire::split_records(&bytes);
-    let max = app.limits.max_facts_per_request;
-    if records.len() as u64 > max {
-        return Err(too_many(records.len() as u64, max, "records"));
-    }
-    let mut facts = Vec::with_capacity(records.len());
-    let mut rejected: Vec<(u64, String, Vec<u8>)> = Vec::new();
-    for (i, r) in records.into_iter().enumerate() {
-        match r
-            .map_err(|e| (e.reason, e.bytes))
-            .and_then(|b| Fact::from_canonical(b).map_err(|e| (e.to_string(), b.to_vec())))
-        {
-            Ok(f) => facts.push(f),
-            Err((reason, b)) => rejected.push((i as u64, reason, b)),
-        }
-    }
-    if let Some(grant) = &caller.grant
-        && let Some(f) = facts.iter().find(|f| !grant.may_write_type(f.type_name()))
-    {
-        return Err(Failure::new(
-            StatusCode::FORBIDDEN,
-            "forbidden_type",
-            format!(
-                "token {:?} may not write facts of type {:?} (fact {})",
-                grant.name,
-                f.type_name(),
-                f.hash()
-            ),
-        ));
-    }
-    inc(
-        &app.metrics.facts_received,
-        (facts.len() + rejected.len()) as u64,
-    );
-    inc(&app.metrics.rejected, rejected.len() as u64);
-    let received = (facts.len() + rejected.len()) as u64;
-    let peer = caller.name.clone();
-    let max_held = app.limits.max_held_per_peer;
-    let report = app
-        .with_store(move |store| {
-            store.write(|w| {
-                let hashes: Vec<FactHash> = facts.iter().map(|f| f.hash()).collect();
-                let batch = w.insert_batch(facts)?;
-                for (_, reason, b) in &rejected {
-                    w.quarantine(&peer, reason, b)?;
-                }
-                if batch.held > 0 {
-                    let held = w.note_held_origin(&peer, &hashes)?;
-                    if held > max_held {
-                        return Err(Error::HeldLimit {
-                            limit: max_held,
-                            hash: hashes[0],
-                        });
-                    }
-                }
-                let missing = if batch.held > 0 {
-                    w.absent_ancestors(1000)?
-                } else {
-                    Vec::new()
-                };
-                Ok(PushReport {
-                    received,
-                    inserted: batch.inserted,
-                    duplicates: batch.duplicates,
-                    held: batch.held,
-                    released: batch.released,
-                    rejected: rejected
-                        .iter()
-                        .map(|(index, reason, _)| Rejected {
-                            index: *index,
-                            reason: reason.clone(),
-                        })
-                        .collect(),
-                    refused: batch.refused.iter().map(|h| h.to_string()).collect(),
-                    missing: missing.iter().map(|h| h.to_string()).collect(),
-                    store: None,
-                })
-            })
-        })
-        .await?;
-    let mut r = json_response(&report);
-    r.headers_mut()
-        .insert(wire::HEADER_STORE, app.store_id.clone());
-    Ok(r)
 }
 
 async fn fetch(
