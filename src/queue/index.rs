@@ -79,6 +79,7 @@ impl ReleaseHook for QueueIndex {
             qtx.rates.truncate(rates);
             qtx.ended.truncate(ended);
             qtx.defs = None;
+            qtx.has_blocks.clear();
         }
     }
 }
@@ -105,6 +106,11 @@ pub(crate) struct QueueTx {
     pub(crate) ended: Vec<(i64, i64)>,
     /// The lengths of `rates` and `ended` at each open savepoint.
     savepoints: Vec<(usize, usize)>,
+    /// Whether each queue looked at has causal blocks in this transaction (`true`, or not
+    /// known to have none) or none (`false`): an input of a queue with none ends without
+    /// looking for the inputs it blocks. Forgotten when a savepoint rolls back, which may
+    /// bring deleted blocks back.
+    has_blocks: Vec<(i64, bool)>,
 }
 
 /// The queue index at work in one transaction: its reads and SQL, the clock reading, the
@@ -362,6 +368,9 @@ impl Ix<'_> {
         if added == 0 {
             return Ok(());
         }
+        if !blockers.is_empty() {
+            self.note_blocks(q.id, true);
+        }
         for b in &blockers {
             self.tx.execute(
                 "INSERT INTO queue_block (queue_id, blocker, blocked) VALUES (?1, ?2, ?3)",
@@ -439,11 +448,13 @@ impl Ix<'_> {
     pub(crate) fn end_input(&mut self, q: &QueueDef, input: &FactHash, how: End) -> Result<()> {
         let known = (self.known)(input);
         if let Some(seq) = known {
-            let gone = self.tx.execute(
+            let sql = if self.has_blocks(q.id)? {
                 "DELETE FROM queue_item WHERE queue_id = ?1 AND input = ?2 AND blockers = 0
-                     AND NOT EXISTS (SELECT 1 FROM queue_block WHERE queue_id = ?1 AND blocker = ?2)",
-                args![q.id, seq],
-            )?;
+                     AND NOT EXISTS (SELECT 1 FROM queue_block WHERE queue_id = ?1 AND blocker = ?2)"
+            } else {
+                "DELETE FROM queue_item WHERE queue_id = ?1 AND input = ?2 AND blockers = 0"
+            };
+            let gone = self.tx.execute(sql, args![q.id, seq])?;
             if gone == 1 {
                 return self.ended(q, seq, how);
             }
@@ -509,6 +520,34 @@ impl Ix<'_> {
             )?;
         }
         self.ended(q, seq, how)
+    }
+
+    /// Whether queue `id` may have causal blocks (see [`QueueTx::has_blocks`]): looked up
+    /// once per transaction.
+    fn has_blocks(&mut self, id: i64) -> Result<bool> {
+        let known = self
+            .state
+            .get::<QueueTx>()
+            .has_blocks
+            .iter()
+            .find(|(q, _)| *q == id);
+        if let Some(&(_, any)) = known {
+            return Ok(any);
+        }
+        let any = self.tx.exists(
+            "SELECT 1 FROM queue_block WHERE queue_id = ?1 LIMIT 1",
+            args![id],
+        )?;
+        self.note_blocks(id, any);
+        Ok(any)
+    }
+
+    fn note_blocks(&mut self, id: i64, any: bool) {
+        let known = &mut self.state.get::<QueueTx>().has_blocks;
+        match known.iter_mut().find(|(q, _)| *q == id) {
+            Some(entry) => entry.1 |= any,
+            None => known.push((id, any)),
+        }
     }
 
     /// Notes that `seq` ended in queue `q` (for the handler's check and the counters).

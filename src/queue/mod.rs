@@ -436,7 +436,8 @@ pub struct Lease {
     /// the store is told is released as `seq`.
     pub(crate) claimed: Fact,
     pub(crate) token: i64,
-    pub(crate) completion: Completion,
+    /// Shared by the leases of one claim.
+    pub(crate) completion: std::sync::Arc<Completion>,
 }
 
 impl Lease {

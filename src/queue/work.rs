@@ -131,6 +131,7 @@ impl Writer<'_> {
         let q = &defs.queues[at];
         let now = self.now_ms();
         let mut leases = Vec::new();
+        let completion = Arc::new(q.spec.completions[0].clone());
         while leases.len() < n {
             // The input's bytes come with its item row: one statement per claim, not one
             // per claimed input.
@@ -171,7 +172,7 @@ impl Writer<'_> {
                     .execute(concat!("UPDATE queue_item SET state = ", state_code!(Leased), ", attempts = attempts + 1,
                              first_attempt_at = coalesce(first_attempt_at, ?3), lease_token = ?4, claimable_at = ?5
                          WHERE queue_id = ?1 AND input = ?2"), args![q.id, seq, now, token, expires])?;
-                let completion = q.spec.completions[0].clone();
+                let completion = completion.clone();
                 if q.spec.semantics == Semantics::AtMostOnce {
                     let delivered = Fact::builder(system::DELIVERED)
                         .field("queue", q.spec.name.as_str())
