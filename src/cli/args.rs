@@ -28,6 +28,9 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "N")]
     pub max_held: Option<u64>,
 
+    #[command(flatten)]
+    pub log: crate::cli::log::LogArgs,
+
     #[command(subcommand)]
     pub command: Command,
 }

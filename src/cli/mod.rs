@@ -16,6 +16,7 @@ mod export;
 mod facts;
 mod import;
 mod inspect;
+mod log;
 mod query;
 mod queue;
 mod records;
@@ -129,6 +130,7 @@ impl Global {
                 ),
             ));
         }
+        tracing::debug!(db = %self.db.display(), create, "opening the database");
         let mut options = StoreOptions::default();
         if let Some(n) = self.max_held {
             options.max_held = n;
@@ -146,6 +148,8 @@ impl Global {
 
 /// Runs a parsed command line and turns its outcome into an exit code.
 pub fn run(cli: Cli) -> ExitCode {
+    // `serve` logs each request at info level; other commands only warnings by default.
+    log::init(&cli.log, log::default_level(&cli.command));
     let global = Global {
         db: cli.db,
         json: cli.json,
@@ -254,7 +258,7 @@ fn lowercase_first(part: &str) -> String {
 /// A progress bar on stderr, or a hidden one when stderr is not a terminal.
 /// `len` is the total in bytes when known; otherwise a spinner counts.
 pub fn progress(len: Option<u64>, what: &str) -> ProgressBar {
-    if !io::stderr().is_terminal() {
+    if !io::stderr().is_terminal() || log::quiet() {
         return ProgressBar::hidden();
     }
     let pb = match len {

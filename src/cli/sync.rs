@@ -126,10 +126,10 @@ pub fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<Status> {
         // One line a script can wait for; stderr so stdout stays clean.
         eprintln!("listening on {scheme}://{addr}");
         if open {
-            eprintln!("no --tokens: every request may read and write");
+            tracing::warn!("no --tokens: every request may read and write");
         }
     })?;
-    eprintln!("stopped");
+    tracing::info!("stopped");
     Ok(Status::Ok)
 }
 
@@ -217,7 +217,7 @@ fn follow(
                 }
             }
             Ok(_) => {}
-            Err(e) => eprintln!("error: {e} (retrying)"),
+            Err(e) => tracing::warn!("{e} (retrying)"),
         },
     )?;
     Ok(Status::Ok)

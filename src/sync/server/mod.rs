@@ -23,6 +23,7 @@ use crate::sync::auth::Tokens;
 use crate::sync::metrics::Metrics;
 use crate::sync::wire;
 
+mod access;
 mod app;
 mod routes;
 
@@ -160,7 +161,7 @@ impl Server {
             store_id: axum::http::HeaderValue::from_str(&self.store_id)
                 .expect("hex is a header value"),
         });
-        let router = router(app.clone());
+        let router = access::logged(router(app.clone()));
         let connections = Arc::new(Semaphore::new(self.config.limits.max_connections));
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let header_timeout = self.config.limits.request_timeout;

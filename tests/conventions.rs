@@ -1,0 +1,258 @@
+//! The conventions a new user expects of the binary (issue 16, item 8): logs on stderr
+//! through `-v`/`-q`/`RUST_LOG`, the access log of `serve`, colour only when asked or on a
+//! terminal, shell completions and a man page, durations as `1m30s`, one `--json`
+//! convention, and the `precedent.toml` config file.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+mod common;
+
+use common::bin::{Db, code, stderr, stdout};
+
+/// A `precedent serve` child with its stderr lines sent to a channel.
+struct Serve {
+    child: Child,
+    addr: String,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Serve {
+    fn start(db: &Db, flags: &[&str]) -> Serve {
+        let mut args = flags.to_vec();
+        args.extend(["serve", "--listen", "127.0.0.1:0"]);
+        let mut child = db
+            .cmd(&args)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::channel();
+        let err = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in err.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut serve = Serve {
+            child,
+            addr: String::new(),
+            lines,
+        };
+        let first = serve.next_line().expect("serve printed nothing");
+        serve.addr = first
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .to_string();
+        serve
+    }
+
+    /// The next stderr line, or `None` after 10 s or at the end.
+    fn next_line(&self) -> Option<String> {
+        self.lines.recv_timeout(Duration::from_secs(10)).ok()
+    }
+
+    /// A plain HTTP/1.1 GET; returns the whole answer's bytes.
+    fn get(&self, path: &str) -> Vec<u8> {
+        let mut tcp = TcpStream::connect(&self.addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            tcp,
+            "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        tcp.read_to_end(&mut out).unwrap();
+        out
+    }
+
+    /// SIGTERMs the server and returns the rest of what it wrote to stderr.
+    fn stop(mut self) -> Vec<String> {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        assert!(self.child.wait().unwrap().success());
+        self.lines.try_iter().collect()
+    }
+}
+
+/// The body length of an HTTP answer (what follows the blank line).
+fn body_len(answer: &[u8]) -> usize {
+    let at = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    answer.len() - at - 4
+}
+
+#[test]
+fn serve_logs_one_access_line_per_request_with_status_duration_and_bytes() {
+    let db = Db::new();
+    db.ok(&["init"]);
+    let serve = Serve::start(&db, &[]);
+    let warning = serve.next_line().unwrap();
+    assert!(
+        warning.contains("WARN") && warning.contains("no --tokens"),
+        "{warning}"
+    );
+    let answer = serve.get("/v1/health");
+    let line = serve.next_line().expect("an access line");
+    assert!(line.contains("INFO"), "{line}");
+    assert!(line.contains("precedent::access"), "{line}");
+    assert!(line.contains("GET /v1/health 200"), "{line}");
+    assert!(
+        line.contains(&format!("bytes={}", body_len(&answer))),
+        "{line}"
+    );
+    let ms = line
+        .split("duration_ms=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|d| d.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no duration in {line:?}"));
+    assert!((0.0..10_000.0).contains(&ms), "{line}");
+    serve.get("/no/such/endpoint");
+    let line = serve.next_line().expect("an access line");
+    assert!(line.contains("GET /no/such/endpoint 404"), "{line}");
+    let rest = serve.stop();
+    assert!(rest.iter().any(|l| l.contains("stopped")), "{rest:?}");
+    assert!(
+        !rest.iter().any(|l| l.contains("\x1b[")),
+        "no colour into a pipe"
+    );
+}
+
+#[test]
+fn quiet_serve_logs_nothing_but_the_address() {
+    let db = Db::new();
+    db.ok(&["init"]);
+    let serve = Serve::start(&db, &["-q"]);
+    serve.get("/v1/health");
+    std::thread::sleep(Duration::from_millis(200));
+    let rest = serve.stop();
+    assert!(rest.is_empty(), "{rest:?}");
+}
+
+#[test]
+fn verbosity_flags_and_rust_log_choose_what_is_logged() {
+    let db = Db::new();
+    db.ok(&["init"]);
+    let run = |args: &[&str], rust_log: Option<&str>| {
+        let mut c = db.cmd(args);
+        c.env_remove("RUST_LOG").env_remove("NO_COLOR");
+        if let Some(v) = rust_log {
+            c.env("RUST_LOG", v);
+        }
+        let out = c.output().unwrap();
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).contains("released"), "stdout unchanged");
+        stderr(&out)
+    };
+    // The debug line every command logs as it opens the database.
+    let opening = "opening the database";
+    assert_eq!(run(&["stats"], None), "", "quiet by default");
+    assert_eq!(run(&["-v", "stats"], None), "", "-v is info");
+    assert!(run(&["-vv", "stats"], None).contains(opening));
+    assert!(run(&["stats"], Some("debug")).contains(opening));
+    assert!(run(&["stats"], Some("precedent=debug")).contains(opening));
+    assert_eq!(run(&["stats"], Some("precedent=info")), "");
+    assert_eq!(
+        run(&["-q", "stats"], Some("debug")),
+        "",
+        "-q wins over RUST_LOG"
+    );
+    assert!(
+        run(&["-vv", "stats"], Some("error")).contains(opening),
+        "-v too"
+    );
+    let out = db.run(&["-q", "-v", "stats"]);
+    assert_eq!(code(&out), 2, "-q and -v conflict");
+}
+
+#[test]
+fn colour_only_when_asked_or_on_a_terminal_and_never_with_no_color() {
+    let db = Db::new();
+    db.ok(&["init"]);
+    let run = |args: &[&str], no_color: Option<&str>| {
+        let mut c = db.cmd(args);
+        c.env_remove("RUST_LOG").env_remove("NO_COLOR");
+        if let Some(v) = no_color {
+            c.env("NO_COLOR", v);
+        }
+        stderr(&c.output().unwrap())
+    };
+    let plain = run(&["-vv", "stats"], None);
+    assert!(
+        plain.contains("DEBUG") && !plain.contains('\x1b'),
+        "{plain:?}"
+    );
+    let always = run(&["-vv", "--color", "always", "stats"], None);
+    assert!(always.contains("\x1b["), "{always:?}");
+    let never = run(&["-vv", "--color", "never", "stats"], None);
+    assert!(!never.contains('\x1b'), "{never:?}");
+    // An explicit --color always still wins over NO_COLOR, as no-color.org says.
+    assert!(run(&["-vv", "--color", "always", "stats"], Some("1")).contains("\x1b["));
+    assert_eq!(code(&db.run(&["--color", "sometimes", "stats"])), 2);
+    // On a terminal, `auto` colours unless NO_COLOR is set (to anything but "").
+    let tty = |no_color: Option<&str>| {
+        let mut c = db.cmd(&["-vv", "stats"]);
+        c.env_remove("RUST_LOG").env_remove("NO_COLOR");
+        if let Some(v) = no_color {
+            c.env("NO_COLOR", v);
+        }
+        stderr_on_a_terminal(c)
+    };
+    let coloured = tty(None);
+    assert!(
+        coloured.contains("DEBUG") && coloured.contains("\x1b["),
+        "{coloured:?}"
+    );
+    let plain = tty(Some("1"));
+    assert!(
+        plain.contains("DEBUG") && !plain.contains('\x1b'),
+        "{plain:?}"
+    );
+    assert!(
+        tty(Some("")).contains("\x1b["),
+        "an empty NO_COLOR is unset"
+    );
+}
+
+/// Runs `c` with its stderr on a new pseudo-terminal; returns what it wrote there.
+fn stderr_on_a_terminal(mut c: std::process::Command) -> String {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (0, 0);
+    let made = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(made, 0, "openpty");
+    let mut master = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(master) });
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(slave));
+    let mut child = c.spawn().unwrap();
+    drop(c); // the parent's copy of the terminal's other end
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Linux answers EIO once every holder of the other end has closed it.
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    });
+    assert!(child.wait().unwrap().success());
+    reader.join().unwrap()
+}
