@@ -256,3 +256,57 @@ fn stderr_on_a_terminal(mut c: std::process::Command) -> String {
     assert!(child.wait().unwrap().success());
     reader.join().unwrap()
 }
+
+#[test]
+fn completions_for_every_shell_name_the_commands_and_flags() {
+    let db = Db::new();
+    for (shell, marker) in [
+        ("bash", "complete -F _precedent"),
+        ("zsh", "#compdef precedent"),
+        ("fish", "complete -c precedent"),
+        ("elvish", "edit:completion:arg-completer[precedent]"),
+        ("powershell", "Register-ArgumentCompleter"),
+    ] {
+        let script = db.ok(&["completions", shell]);
+        assert!(script.contains(marker), "{shell}: {marker:?} missing");
+        for word in ["queue", "serve", "max-held", "done-by"] {
+            assert!(script.contains(word), "{shell}: {word:?} missing");
+        }
+    }
+    assert!(!db.path.exists(), "completions opens no database");
+    // The bash script is valid bash.
+    let script = db.ok(&["completions", "bash"]);
+    let file = db.path.with_file_name("precedent.bash");
+    std::fs::write(&file, script).unwrap();
+    let check = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", stderr(&check));
+    assert_eq!(code(&db.run(&["completions", "tcsh"])), 2);
+}
+
+#[test]
+fn man_prints_the_top_page_or_writes_one_page_per_command() {
+    let db = Db::new();
+    let page = db.ok(&["man"]);
+    assert!(page.contains(".TH precedent 1"), "{page}");
+    assert!(page.contains(".SH NAME") && page.contains(".SH SUBCOMMANDS"));
+    assert!(page.contains("completions") && page.contains("queue"));
+    let dir = db.path.with_file_name("man");
+    let listed = db.ok(&["man", "--dir", dir.to_str().unwrap()]);
+    let add = dir.join("precedent-queue-add.1");
+    assert!(
+        listed.lines().any(|l| l == add.to_str().unwrap()),
+        "{listed}"
+    );
+    let text = std::fs::read_to_string(&add).unwrap();
+    assert!(text.contains(".TH precedent-queue-add 1"), "{text}");
+    assert!(text.contains("done\\-by"), "{text}");
+    let top = std::fs::read_to_string(dir.join("precedent.1")).unwrap();
+    assert!(top == page, "the top page is the same either way");
+    let pages = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(pages, listed.lines().count());
+    assert!(pages > 30, "one page per command and subcommand: {pages}");
+}

@@ -123,6 +123,12 @@ pub enum Command {
     /// Run a command once per ready input of a queue: the fact as JSON on stdin, facts to
     /// store with the completion as JSON Lines on stdout; exit 0 done, 75 retry, 65 poison.
     Work(crate::cli::work::WorkArgs),
+    /// Print a shell completion script: bash, zsh, fish, elvish or powershell.
+    /// Example: precedent completions bash > ~/.local/share/bash-completion/completions/precedent
+    Completions(crate::cli::complete::CompletionsArgs),
+    /// Print the man page (roff) to stdout, or write one page per command with --dir.
+    /// Example: precedent man | man -l -
+    Man(crate::cli::complete::ManArgs),
 }
 
 /// A fact stream format.

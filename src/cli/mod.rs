@@ -11,6 +11,7 @@ macro_rules! say {
 }
 
 pub mod args;
+mod complete;
 mod demo;
 mod export;
 mod facts;
@@ -185,6 +186,8 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Queue(c) => queue::queue(&global, c),
         Command::Dlq(c) => queue::entries(&global, c, precedent::queue::ItemState::Dead),
         Command::Work(a) => work::work(&global, a),
+        Command::Completions(a) => complete::completions(&a),
+        Command::Man(a) => complete::man(&a),
     };
     match result {
         Ok(Status::Ok) => ExitCode::from(exit::OK),
