@@ -21,9 +21,11 @@ struct Serve {
 }
 
 impl Serve {
-    fn start(db: &Db, flags: &[&str]) -> Serve {
+    /// `precedent FLAGS serve --listen 127.0.0.1:0 SERVE_FLAGS`.
+    fn start(db: &Db, flags: &[&str], serve_flags: &[&str]) -> Serve {
         let mut args = flags.to_vec();
         args.extend(["serve", "--listen", "127.0.0.1:0"]);
+        args.extend_from_slice(serve_flags);
         let mut child = db
             .cmd(&args)
             .env_remove("RUST_LOG")
@@ -61,13 +63,21 @@ impl Serve {
 
     /// A plain HTTP/1.1 GET; returns the whole answer's bytes.
     fn get(&self, path: &str) -> Vec<u8> {
+        self.request("GET", path, "", &[])
+    }
+
+    /// A plain HTTP/1.1 request; returns the whole answer's bytes.
+    fn request(&self, method: &str, path: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
         let mut tcp = TcpStream::connect(&self.addr).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         write!(
             tcp,
-            "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+             content-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+            body.len()
         )
         .unwrap();
+        tcp.write_all(body).unwrap();
         let mut out = Vec::new();
         tcp.read_to_end(&mut out).unwrap();
         out
@@ -91,7 +101,7 @@ fn body_len(answer: &[u8]) -> usize {
 fn serve_logs_one_access_line_per_request_with_status_duration_and_bytes() {
     let db = Db::new();
     db.ok(&["init"]);
-    let serve = Serve::start(&db, &[]);
+    let serve = Serve::start(&db, &[], &[]);
     let warning = serve.next_line().unwrap();
     assert!(
         warning.contains("WARN") && warning.contains("no --tokens"),
@@ -128,7 +138,7 @@ fn serve_logs_one_access_line_per_request_with_status_duration_and_bytes() {
 fn quiet_serve_logs_nothing_but_the_address() {
     let db = Db::new();
     db.ok(&["init"]);
-    let serve = Serve::start(&db, &["-q"]);
+    let serve = Serve::start(&db, &["-q"], &[]);
     serve.get("/v1/health");
     std::thread::sleep(Duration::from_millis(200));
     let rest = serve.stop();
@@ -309,4 +319,131 @@ fn man_prints_the_top_page_or_writes_one_page_per_command() {
     let pages = std::fs::read_dir(&dir).unwrap().count();
     assert_eq!(pages, listed.lines().count());
     assert!(pages > 30, "one page per command and subcommand: {pages}");
+}
+
+/// The status code of an HTTP answer.
+fn status_of(answer: &[u8]) -> u16 {
+    let text = String::from_utf8_lossy(answer);
+    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn durations_take_humantime_forms_and_old_forms_keep_working() {
+    let db = Db::new();
+    db.ok(&["init"]);
+    let declare = |name: &str, flags: &[&str]| {
+        let mut args = vec!["queue", "add", name, "--input", "T", "--done-by", "D.t"];
+        args.extend_from_slice(flags);
+        db.run(&args)
+    };
+    let out = declare(
+        "a",
+        &[
+            "--lease",
+            "1m30s",
+            "--max-age",
+            "2h 15m",
+            "--backoff-base",
+            "250ms",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let q = db.json(&["queue", "show", "a"]);
+    assert_eq!(q["queue"]["lease_ms"], 90_000);
+    assert_eq!(q["queue"]["retry"]["max_age_ms"], 8_100_000);
+    assert_eq!(q["queue"]["retry"]["backoff_base_ms"], 250);
+    // Every form accepted before still means what it did.
+    let out = declare(
+        "b",
+        &["--lease", "30s", "--max-age", "2d", "--backoff-cap", "5m"],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let q = db.json(&["queue", "show", "b"]);
+    assert_eq!(q["queue"]["lease_ms"], 30_000);
+    assert_eq!(q["queue"]["retry"]["max_age_ms"], 172_800_000);
+    assert_eq!(q["queue"]["retry"]["backoff_cap_ms"], 300_000);
+    // A number without a unit was refused for these flags, and still is, with examples.
+    let out = declare("c", &["--lease", "30"]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("1m30s"), "{}", stderr(&out));
+    // The text form of queue stats prints ages as durations, not raw milliseconds.
+    let text = db.ok(&["queue", "stats", "a"]);
+    assert!(text.contains("oldest ready 0s;"), "{text}");
+    // `watch --interval` takes a duration; the old `--interval-ms N` still works.
+    for flags in [["--interval", "1s"], ["--interval-ms", "20"]] {
+        let mut args = vec!["watch", "match t: T select t"];
+        args.extend(flags);
+        let mut child = db.cmd(&args).stdout(Stdio::null()).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(child.try_wait().unwrap().is_none(), "{flags:?} refused");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    assert_eq!(
+        code(&db.run(&["watch", "match t: T select t", "--interval", "fast"])),
+        2
+    );
+}
+
+#[test]
+fn serve_request_timeout_takes_a_duration_or_bare_seconds() {
+    let db = Db::new();
+    db.ok(&["init"]);
+    // 300ms: a long-poll pull that would wait 5 s is cut off with a 408.
+    let fast = Serve::start(&db, &["-q"], &["--request-timeout", "300ms"]);
+    let started = std::time::Instant::now();
+    let answer = fast.get("/v1/facts?after=0&wait_ms=5000");
+    assert_eq!(
+        status_of(&answer),
+        408,
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(started.elapsed() < Duration::from_secs(4));
+    drop(fast.stop());
+    // A bare number is seconds, as before: 2 s outlasts a 300 ms wait.
+    let slow = Serve::start(&db, &["-q"], &["--request-timeout", "2"]);
+    let answer = slow.get("/v1/facts?after=0&wait_ms=300");
+    assert_eq!(
+        status_of(&answer),
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    drop(slow.stop());
+    let out = db.run(&["serve", "--request-timeout", "soon"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+}
+
+#[test]
+fn tables_print_instants_as_rfc3339_utc() {
+    let db = Db::new();
+    db.ok(&["init"]);
+    let serve = Serve::start(&db, &["-q"], &[]);
+    // A record that is not a fact is quarantined, with the time it was received.
+    let answer = serve.request(
+        "POST",
+        "/v1/facts",
+        "application/cbor-seq",
+        &[0x82, 0x01, 0x02],
+    );
+    assert_eq!(status_of(&answer), 200);
+    drop(serve.stop());
+    let is_instant = |w: &str| {
+        let b = w.as_bytes();
+        b.len() == 20
+            && b[4] == b'-'
+            && b[10] == b'T'
+            && b[19] == b'Z'
+            && w[..4].parse::<u32>().is_ok_and(|y| y >= 2024)
+    };
+    let list = db.ok(&["poison", "list"]);
+    let row = list.lines().nth(1).unwrap_or_else(|| panic!("{list}"));
+    assert!(row.split_whitespace().any(is_instant), "{list}");
+    let shown = db.ok(&["poison", "show", "1"]);
+    let received = shown.lines().find(|l| l.starts_with("received")).unwrap();
+    assert!(
+        is_instant(received.split_whitespace().nth(1).unwrap()),
+        "{shown}"
+    );
 }

@@ -22,6 +22,7 @@ mod query;
 mod queue;
 mod records;
 mod sync;
+mod time;
 mod work;
 
 use std::fmt;

@@ -171,7 +171,8 @@ fn run_batch(store: &Store, sh: &Shared, leases: &mut Vec<Lease>) -> anyhow::Res
     while !leases.is_empty() && !sh.stop.load(Ordering::Relaxed) {
         let lease = leases.remove(0);
         let outcome = handle(store, sh, lease, leases)?;
-        if !sh.args.quiet {
+        // `work --quiet` or the global `precedent -q work`: no line per input.
+        if !sh.args.quiet && !super::log::quiet() {
             eprintln!("{outcome}");
         }
     }
@@ -224,7 +225,8 @@ fn handle(
     Ok(match store.fail(&lease, failure) {
         Ok(FailOutcome::Retry { at_ms }) => {
             let now = precedent::clock::Clock::now_ms(&precedent::clock::SystemClock);
-            format!("{short} retry in {} ms: {what}", (at_ms - now).max(0))
+            let wait = super::time::format_duration_ms(at_ms - now);
+            format!("{short} retry in {wait}: {what}")
         }
         Ok(FailOutcome::DeadLettered(h)) => format!("{short} dead-lettered as {h}: {what}"),
         Ok(FailOutcome::Poisoned(h)) => format!("{short} poison as {h}: {what}"),
