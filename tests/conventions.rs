@@ -447,3 +447,96 @@ fn tables_print_instants_as_rfc3339_utc() {
         "{shown}"
     );
 }
+
+/// `--json` output of a command that prints one thing: exactly one line, one object.
+fn one_document(db: &Db, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = db.ok(&all);
+    assert_eq!(out.lines().count(), 1, "{args:?} prints one line: {out}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(doc.is_object(), "{args:?}: {doc}");
+    doc
+}
+
+/// `--json` output of a command that prints a list: JSON Lines, one value per line (an
+/// object, except for `query`, whose results are what its `select` says).
+fn lines_of(db: &Db, args: &[&str], expected: usize) -> Vec<serde_json::Value> {
+    let lines = db.json_lines(args);
+    assert_eq!(lines.len(), expected, "{args:?}: {lines:?}");
+    let objects = lines.iter().all(|l| l.is_object());
+    assert!(objects || args[0] == "query", "{args:?}: {lines:?}");
+    lines
+}
+
+#[test]
+fn json_is_one_document_for_one_thing_and_json_lines_for_a_list() {
+    let db = Db::new();
+    one_document(&db, &["init"]);
+    let shop = one_document(&db, &["add", r#"{"type":"Shop","fields":{"n":1}}"#]);
+    let shop = shop["hash"].as_str().unwrap().to_string();
+    for i in 0..2 {
+        let order = format!(
+            r#"{{"type":"Order","fields":{{"i":{i}}},"predecessors":{{"shop":"{shop}"}}}}"#
+        );
+        one_document(&db, &["add", &order]);
+    }
+    // Two facts held: they wait for a parent that never arrives.
+    let parent = "0".repeat(64);
+    let mut file = String::new();
+    for i in 0..2 {
+        file += &format!(
+            "{{\"type\":\"Late\",\"fields\":{{\"i\":{i}}},\"predecessors\":{{\"p\":\"{parent}\"}}}}\n"
+        );
+    }
+    let path = db.path.with_file_name("late.jsonl");
+    std::fs::write(&path, file).unwrap();
+    one_document(&db, &["import", path.to_str().unwrap()]);
+    one_document(&db, &["get", &shop]);
+    one_document(&db, &["stats"]);
+    one_document(&db, &["verify"]);
+    for q in ["ship", "bill"] {
+        one_document(
+            &db,
+            &["queue", "add", q, "--input", "Order", "--done-by", "Done.o"],
+        );
+    }
+    one_document(&db, &["queue", "show", "ship"]);
+    // Lists: one line per element, however many (none is no output at all).
+    lines_of(&db, &["held"], 2);
+    lines_of(&db, &["query", "match o: Order select o.i"], 2);
+    lines_of(&db, &["queue", "list"], 2);
+    lines_of(&db, &["queue", "stats"], 2);
+    lines_of(&db, &["queue", "stats", "ship"], 1);
+    lines_of(&db, &["queue", "items", "ship"], 2);
+    lines_of(&db, &["queue", "check"], 0);
+    lines_of(&db, &["dlq", "list", "ship"], 0);
+    lines_of(&db, &["peers"], 0);
+    lines_of(&db, &["poison", "list"], 0);
+    one_document(&db, &["queue", "rm", "bill"]);
+    lines_of(&db, &["queue", "list"], 1);
+    // A breached alert is listed as a line of its own.
+    one_document(
+        &db,
+        &[
+            "queue",
+            "add",
+            "slow",
+            "--input",
+            "Order",
+            "--done-by",
+            "Done.o",
+            "--alert-ready-age",
+            "1ms",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    let out = db
+        .cmd(&["--json", "queue", "check", "slow"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 1, "a breach exits 1");
+    let breaches = common::bin::json_lines(&stdout(&out));
+    assert_eq!(breaches.len(), 1, "{breaches:?}");
+    assert!(breaches[0].is_object());
+}

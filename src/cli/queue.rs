@@ -306,7 +306,10 @@ fn list(g: &Global) -> anyhow::Result<Status> {
     let store = g.open(false)?;
     let specs = store.queues()?;
     if g.json {
-        say!("{}", serde_json::to_string(&specs)?);
+        // A list: JSON Lines, one declaration per line (docs/cli.md, "--json").
+        for spec in &specs {
+            say!("{}", serde_json::to_string(spec)?);
+        }
         return Ok(Status::Ok);
     }
     for spec in specs {
@@ -390,7 +393,10 @@ fn stats(g: &Global, name: Option<&str>, prometheus: bool) -> anyhow::Result<Sta
     if prometheus {
         say!("{}", prometheus_text(&all).trim_end());
     } else if g.json {
-        say!("{}", serde_json::to_string(&all)?);
+        // A list (one line per queue, also when one is named): JSON Lines.
+        for s in &all {
+            say!("{}", serde_json::to_string(s)?);
+        }
     } else {
         for s in &all {
             print_stats(s)?;
@@ -470,7 +476,10 @@ fn check(g: &Global, name: Option<&str>) -> anyhow::Result<Status> {
     let store = g.open(false)?;
     let breaches = store.queue_check(name)?;
     if g.json {
-        say!("{}", serde_json::to_string(&breaches)?);
+        // A list: JSON Lines, one breach per line; nothing when all is well.
+        for b in &breaches {
+            say!("{}", serde_json::to_string(b)?);
+        }
     } else {
         for b in &breaches {
             say!("{b}");

@@ -69,6 +69,14 @@ impl Db {
         all.extend_from_slice(args);
         serde_json::from_str(&self.ok(&all)).unwrap()
     }
+
+    /// Runs a command with `--json` that must succeed and print JSON Lines (a list or a
+    /// stream); returns each line parsed.
+    pub fn json_lines(&self, args: &[&str]) -> Vec<Json> {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        json_lines(&self.ok(&all))
+    }
 }
 
 pub fn code(out: &Output) -> i32 {
@@ -81,4 +89,11 @@ pub fn stderr(out: &Output) -> String {
 
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Each line of JSON Lines output parsed; panics on a line that is not one JSON document.
+pub fn json_lines(text: &str) -> Vec<Json> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect()
 }
