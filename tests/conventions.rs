@@ -63,17 +63,17 @@ impl Serve {
 
     /// A plain HTTP/1.1 GET; returns the whole answer's bytes.
     fn get(&self, path: &str) -> Vec<u8> {
-        self.request("GET", path, "", &[])
+        self.request("GET", path, "", "", &[])
     }
 
-    /// A plain HTTP/1.1 request; returns the whole answer's bytes.
-    fn request(&self, method: &str, path: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
+    /// A plain HTTP/1.1 request, `headers` each ending in CRLF; returns the whole answer.
+    fn request(&self, method: &str, path: &str, ct: &str, headers: &str, body: &[u8]) -> Vec<u8> {
         let mut tcp = TcpStream::connect(&self.addr).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         write!(
             tcp,
             "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
-             content-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+             content-type: {ct}\r\n{headers}content-length: {}\r\n\r\n",
             body.len()
         )
         .unwrap();
@@ -421,12 +421,7 @@ fn tables_print_instants_as_rfc3339_utc() {
     db.ok(&["init"]);
     let serve = Serve::start(&db, &["-q"], &[]);
     // A record that is not a fact is quarantined, with the time it was received.
-    let answer = serve.request(
-        "POST",
-        "/v1/facts",
-        "application/cbor-seq",
-        &[0x82, 0x01, 0x02],
-    );
+    let answer = serve.request("POST", "/v1/facts", CBOR, "", &[0x82, 0x01, 0x02]);
     assert_eq!(status_of(&answer), 200);
     drop(serve.stop());
     let is_instant = |w: &str| {
@@ -539,4 +534,256 @@ fn json_is_one_document_for_one_thing_and_json_lines_for_a_list() {
     let breaches = common::bin::json_lines(&stdout(&out));
     assert_eq!(breaches.len(), 1, "{breaches:?}");
     assert!(breaches[0].is_object());
+}
+
+/// A directory for config-file tests, where `precedent` runs with no `--db`.
+struct Here {
+    dir: tempfile::TempDir,
+}
+
+impl Here {
+    fn new() -> Here {
+        Here {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn write(&self, name: &str, text: &str) {
+        let p = self.path(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    /// `precedent ARGS..` run in this directory, with `env` set.
+    fn cmd(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Command {
+        let mut c = std::process::Command::new(common::bin::BIN);
+        common::bin::isolate(&mut c)
+            .env("XDG_CONFIG_HOME", self.path("xdg"))
+            .env_remove("RUST_LOG")
+            .current_dir(self.dir.path())
+            .args(args)
+            .stdin(Stdio::null());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+        self.cmd(args, env).output().unwrap()
+    }
+
+    /// The database `init` creates, from its `--json` line.
+    fn init_path(&self, args: &[&str], env: &[(&str, &str)]) -> String {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        all.push("init");
+        let out = self.run(&all, env);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let path = std::path::PathBuf::from(doc["path"].as_str().unwrap());
+        path.file_name().unwrap().to_string_lossy().into_owned()
+    }
+}
+
+#[test]
+fn config_file_fills_defaults_below_flags_and_environment() {
+    let here = Here::new();
+    assert_eq!(
+        here.init_path(&[], &[]),
+        "precedent.db",
+        "the built-in default"
+    );
+    here.write("precedent.toml", "db = \"from-config.db\"\njson = true\n");
+    assert_eq!(here.init_path(&[], &[]), "from-config.db");
+    let env = [("PRECEDENT_DB", "from-env.db")];
+    assert_eq!(here.init_path(&[], &env), "from-env.db", "env > config");
+    assert_eq!(
+        here.init_path(&["--db", "flag.db"], &env),
+        "flag.db",
+        "flag > env"
+    );
+    // `json = true` applies without --json.
+    let out = here.run(&["stats"], &[]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["released"], 0, "{doc}");
+    // A subcommand's own FILE (import, query -f) is not taken for --config.
+    here.write("facts.jsonl", "{\"type\":\"T\"}\n");
+    let out = here.run(&["import", "facts.jsonl"], &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    here.write("q.txt", "match t: T select t");
+    let out = here.run(&["query", "-f", "q.txt"], &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), 1, "{}", stdout(&out));
+    // The config's `log` filter sits below -v/-q and RUST_LOG.
+    here.write("precedent.toml", "log = \"debug\"\n");
+    let logged = |args: &[&str], env: &[(&str, &str)]| stderr(&here.run(args, env));
+    assert!(logged(&["stats"], &[]).contains("read the config file"));
+    assert_eq!(logged(&["stats"], &[("RUST_LOG", "warn")]), "");
+    assert_eq!(logged(&["-q", "stats"], &[]), "");
+}
+
+#[test]
+fn config_file_search_order_is_named_then_here_then_xdg() {
+    let here = Here::new();
+    here.write("xdg/precedent/precedent.toml", "db = \"xdg.db\"\n");
+    assert_eq!(
+        here.init_path(&[], &[]),
+        "xdg.db",
+        "the XDG file when none here"
+    );
+    // A relative path in a config file is relative to the file's directory.
+    let made = here.path("xdg/precedent/xdg.db");
+    assert!(made.exists(), "{made:?}");
+    here.write("precedent.toml", "db = \"here.db\"\n");
+    assert_eq!(
+        here.init_path(&[], &[]),
+        "here.db",
+        "./precedent.toml before XDG"
+    );
+    here.write("other.toml", "db = \"named.db\"\n");
+    let named = [("PRECEDENT_CONFIG", "other.toml")];
+    assert_eq!(
+        here.init_path(&[], &named),
+        "named.db",
+        "PRECEDENT_CONFIG first"
+    );
+    here.write("flag.toml", "db = \"flag-named.db\"\n");
+    let args = ["--config", "flag.toml"];
+    assert_eq!(
+        here.init_path(&args, &named),
+        "flag-named.db",
+        "--config over the env"
+    );
+    let out = here.run(&["init"], &[("PRECEDENT_CONFIG", "missing.toml")]);
+    assert_eq!(code(&out), 1);
+    assert!(stderr(&out).contains("missing.toml"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_malformed_config_file_is_one_line_naming_file_and_line_exit_1() {
+    let here = Here::new();
+    for (text, line, says) in [
+        (
+            "db = \"a.db\"\nmax_hled = 3\n",
+            2,
+            "unknown field `max_hled`",
+        ),
+        ("json = \"yes\"\n", 1, "invalid type"),
+        ("db = \"a.db\"\n\n[serve\n", 3, ""),
+        ("[serve]\nrequest_timeout = \"soon\"\n", 2, "bad duration"),
+        ("[sync]\nbatch = -1\n", 2, ""),
+    ] {
+        here.write("precedent.toml", text);
+        let out = here.run(&["stats"], &[]);
+        assert_eq!(code(&out), 1, "{text:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{text:?}: {err}");
+        assert!(
+            err.starts_with(&format!("error: config file precedent.toml:{line}:")),
+            "{text:?}: {err}"
+        );
+        assert!(err.contains(says), "{text:?}: {err}");
+        assert!(stdout(&out).is_empty());
+    }
+    here.write(
+        "precedent.toml",
+        "[serve]\ntls_cert = \"c.pem\"\nlisten = \"127.0.0.1:0\"\n",
+    );
+    let out = here.run(&["serve"], &[]);
+    assert_eq!(code(&out), 1);
+    assert!(stderr(&out).contains("tls_cert and tls_key go together"));
+}
+
+/// Starts `precedent serve` in `here`; returns it with the address it printed.
+fn serve_here(here: &Here, args: &[&str]) -> Serve {
+    let mut all = vec!["serve"];
+    all.extend_from_slice(args);
+    let mut child = here
+        .cmd(&all, &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel();
+    let err = BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in err.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let first = lines.recv_timeout(Duration::from_secs(10)).unwrap();
+    let addr = first
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("{first:?}"))
+        .to_string();
+    Serve { child, addr, lines }
+}
+
+const CBOR: &str = "application/cbor-seq";
+const AUTH: &str = "authorization: Bearer s3cret-token-for-tests\r\n";
+
+#[test]
+fn serve_limits_and_tokens_and_the_sync_token_come_from_the_config_file() {
+    let here = Here::new();
+    here.write(
+        "conf/tokens.json",
+        r#"{"tokens": [{"name": "laptop", "token": "s3cret-token-for-tests", "read": true, "write": true}]}"#,
+    );
+    here.write(
+        "precedent.toml",
+        "db = \"server.db\"\n[serve]\nlisten = \"127.0.0.1:0\"\ntokens = \"conf/tokens.json\"\nmax_body_bytes = 16\n",
+    );
+    assert_eq!(code(&here.run(&["init"], &[])), 0);
+    let serve = serve_here(&here, &["-q"]);
+    // The token file from the config: a request without the token is refused.
+    assert_eq!(status_of(&serve.get("/v1/info")), 401);
+    // The body limit from the config: 17 bytes are too many.
+    let big = serve.request("POST", "/v1/facts", CBOR, AUTH, &[0u8; 17]);
+    assert_eq!(status_of(&big), 413, "{}", String::from_utf8_lossy(&big));
+    let url = format!("http://{}", serve.addr);
+    // sync's token from the config's [sync]; PRECEDENT_TOKEN and --token would win.
+    let client = Here::new();
+    let sync = |env: &[(&str, &str)]| client.run(&["--db", "c.db", "sync", &url, "--pull"], env);
+    assert_eq!(code(&sync(&[])), 5, "no token: refused");
+    client.write(
+        "precedent.toml",
+        "[sync]\ntoken = \"s3cret-token-for-tests\"\n",
+    );
+    let out = sync(&[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = sync(&[("PRECEDENT_TOKEN", "wrong")]);
+    assert_eq!(code(&out), 5, "the environment wins over the config");
+    drop(serve.stop());
+    // A flag wins over the config's limit: 64 bytes allowed, so 17 is not too large.
+    let serve = serve_here(&here, &["-q", "--max-body-bytes", "64"]);
+    let big = serve.request("POST", "/v1/facts", CBOR, AUTH, &[0u8; 17]);
+    assert_ne!(status_of(&big), 413, "{}", String::from_utf8_lossy(&big));
+    assert_ne!(status_of(&big), 401, "{}", String::from_utf8_lossy(&big));
+    drop(serve.stop());
+}
+
+#[test]
+fn the_config_file_shown_in_docs_cli_md_is_accepted() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    let start = doc.find("```toml\n").expect("a toml example") + "```toml\n".len();
+    let example = &doc[start..start + doc[start..].find("```").unwrap()];
+    assert!(example.contains("[serve]") && example.contains("[sync]"));
+    let here = Here::new();
+    here.write("precedent.toml", example);
+    // `completions` reads the config file as every command does, and opens no database.
+    let out = here.run(&["completions", "bash"], &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // Each key is one the file may have: a misspelt copy is refused.
+    here.write(
+        "precedent.toml",
+        &example.replace("max_connections", "max_conections"),
+    );
+    assert_eq!(code(&here.run(&["completions", "bash"], &[])), 1);
 }

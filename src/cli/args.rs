@@ -31,6 +31,9 @@ pub struct Cli {
     #[command(flatten)]
     pub log: crate::cli::log::LogArgs,
 
+    #[command(flatten)]
+    pub config: crate::cli::config::ConfigArgs,
+
     #[command(subcommand)]
     pub command: Command,
 }

@@ -3,7 +3,8 @@
 //! Logs go to stderr through `tracing`, so stdout stays what a script parses. The level
 //! comes from, in order: `-q` (errors only) or `-v` (`-v` info, `-vv` debug, `-vvv`
 //! trace); else `RUST_LOG` (any `tracing-subscriber` filter, e.g.
-//! `RUST_LOG=precedent::access=info`); else the command's default: `info` for `serve`
+//! `RUST_LOG=precedent::access=info`); else the config file's `log`; else the command's
+//! default: `info` for `serve`
 //! (its access log, one line per request) and `warn` for every other command.
 
 use std::io::{self, IsTerminal};
@@ -24,6 +25,9 @@ pub struct LogArgs {
     /// is set), `always` or `never`.
     #[arg(long, global = true, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
     pub color: ColorWhen,
+    /// The config file's `log` filter: used when neither a flag nor `RUST_LOG` is given.
+    #[arg(skip)]
+    pub config_filter: Option<String>,
 }
 
 /// When to colour.
@@ -71,7 +75,13 @@ fn filter(args: &LogArgs, default: &str) -> EnvFilter {
             eprintln!("warning: RUST_LOG={text:?} is not a log filter ({e}); using {default:?}");
             EnvFilter::new(default)
         }),
-        _ => EnvFilter::new(default),
+        _ => match &args.config_filter {
+            Some(text) => EnvFilter::try_new(text).unwrap_or_else(|e| {
+                eprintln!("warning: log = {text:?} in the config file is not a log filter ({e})");
+                EnvFilter::new(default)
+            }),
+            None => EnvFilter::new(default),
+        },
     }
 }
 

@@ -12,6 +12,7 @@ macro_rules! say {
 
 pub mod args;
 mod complete;
+pub mod config;
 mod demo;
 mod export;
 mod facts;
@@ -152,6 +153,9 @@ impl Global {
 pub fn run(cli: Cli) -> ExitCode {
     // `serve` logs each request at info level; other commands only warnings by default.
     log::init(&cli.log, log::default_level(&cli.command));
+    if let Some(path) = &cli.config.used {
+        tracing::debug!(file = %path.display(), "read the config file");
+    }
     let global = Global {
         db: cli.db,
         json: cli.json,

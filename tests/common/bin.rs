@@ -12,15 +12,22 @@ pub use super::db::Db;
 pub const BIN: &str = env!("CARGO_BIN_EXE_precedent");
 
 /// `precedent --db DB ARGS..`, with `PRECEDENT_DB` and `PRECEDENT_TOKEN` cleared so that
-/// the environment of whoever runs the tests cannot point a command elsewhere.
+/// the environment of whoever runs the tests cannot point a command elsewhere, and no
+/// config file of theirs read (`PRECEDENT_CONFIG` cleared, the XDG directory a missing
+/// one).
 pub fn cmd(db: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
-    c.arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("PRECEDENT_DB")
-        .env_remove("PRECEDENT_TOKEN");
+    c.arg("--db").arg(db).args(args);
+    isolate(&mut c);
     c
+}
+
+/// Clears what the environment of whoever runs the tests could change a command with.
+pub fn isolate(c: &mut Command) -> &mut Command {
+    c.env_remove("PRECEDENT_DB")
+        .env_remove("PRECEDENT_TOKEN")
+        .env_remove("PRECEDENT_CONFIG")
+        .env("XDG_CONFIG_HOME", "/nonexistent/precedent-tests")
 }
 
 /// Runs a command with `stdin` as its input and waits for it, whatever its exit code.
