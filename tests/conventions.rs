@@ -787,3 +787,45 @@ fn the_config_file_shown_in_docs_cli_md_is_accepted() {
     );
     assert_eq!(code(&here.run(&["completions", "bash"], &[])), 1);
 }
+
+#[test]
+fn quiet_anywhere_on_the_line_hides_work_lines_per_input() {
+    let db = Db::new();
+    db.ok(&["init"]);
+    db.ok(&[
+        "queue",
+        "add",
+        "q",
+        "--input",
+        "Job",
+        "--done-by",
+        "Job.Done.job",
+    ]);
+    let work = |extra: &[&str]| {
+        db.ok(&[
+            "add",
+            &format!(r#"{{"type":"Job","fields":{{"n":{}}}}}"#, extra.len()),
+        ]);
+        let mut args = vec!["work", "q", "--once"];
+        args.extend_from_slice(extra);
+        args.extend(["--", "true"]);
+        let out = db.run(&args);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        stderr(&out)
+    };
+    assert!(!work(&[]).is_empty(), "a line per input by default");
+    assert_eq!(work(&["-q"]), "");
+    assert_eq!(work(&["--quiet", "--poll", "1s"]), "");
+    let stats = db.json_lines(&["queue", "stats", "q"]);
+    assert_eq!(stats[0]["completed"], 3, "{stats:?}");
+}
+
+#[test]
+fn help_follows_color_too() {
+    let db = Db::new();
+    let help = |args: &[&str]| stdout(&db.cmd(args).env_remove("NO_COLOR").output().unwrap());
+    assert!(!help(&["--help"]).contains('\x1b'), "no colour into a pipe");
+    assert!(help(&["--color", "always", "--help"]).contains("\x1b["));
+    assert!(help(&["queue", "--color=always", "--help"]).contains("\x1b["));
+    assert!(!help(&["--color", "never", "--help"]).contains('\x1b'));
+}

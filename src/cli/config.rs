@@ -131,7 +131,7 @@ pub struct ConfigError(pub String);
 /// Parses the command line, then fills in what it left to defaults from the config file.
 /// On a bad config file prints one `error:` line and returns the exit code.
 pub fn parse() -> Result<Cli, ExitCode> {
-    let matches = Cli::command().get_matches();
+    let matches = with_color(Cli::command()).get_matches();
     let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -145,6 +145,29 @@ pub fn parse() -> Result<Cli, ExitCode> {
             eprintln!("error: {message}");
             Err(ExitCode::from(exit::INVALID))
         }
+    }
+}
+
+/// clap colours its own help and usage errors by the same `--color` as the logs; it is
+/// needed before parsing, so it is looked for in the raw arguments (`NO_COLOR` and the
+/// terminal test are clap's own for `auto`).
+fn with_color(cmd: clap::Command) -> clap::Command {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut value = None;
+    for (i, a) in args.iter().enumerate() {
+        if a == "--" {
+            break;
+        }
+        if let Some(v) = a.strip_prefix("--color=") {
+            value = Some(v.to_string());
+        } else if a == "--color" {
+            value = args.get(i + 1).cloned();
+        }
+    }
+    match value.as_deref() {
+        Some("always") => cmd.color(clap::ColorChoice::Always),
+        Some("never") => cmd.color(clap::ColorChoice::Never),
+        _ => cmd,
     }
 }
 

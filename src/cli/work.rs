@@ -43,9 +43,6 @@ pub struct WorkArgs {
     /// How long to wait before looking again when nothing is ready.
     #[arg(long, value_name = "DUR", default_value = "200ms", value_parser = parse_duration)]
     pub poll: i64,
-    /// No line per input on stderr.
-    #[arg(long)]
-    pub quiet: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -171,8 +168,8 @@ fn run_batch(store: &Store, sh: &Shared, leases: &mut Vec<Lease>) -> anyhow::Res
     while !leases.is_empty() && !sh.stop.load(Ordering::Relaxed) {
         let lease = leases.remove(0);
         let outcome = handle(store, sh, lease, leases)?;
-        // `work --quiet` or the global `precedent -q work`: no line per input.
-        if !sh.args.quiet && !super::log::quiet() {
+        // The global -q/--quiet (`work ship --quiet`): no line per input.
+        if !super::log::quiet() {
             eprintln!("{outcome}");
         }
     }
