@@ -5,8 +5,10 @@
 
 mod cli;
 
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
-    cli::run(cli::args::Cli::parse())
+    // The command line, with what it left to defaults filled in from precedent.toml.
+    match cli::config::parse() {
+        Ok(cli) => cli::run(cli),
+        Err(code) => code,
+    }
 }

@@ -36,7 +36,9 @@ impl Db {
     }
 
     fn queue_stats(&self, name: &str) -> Json {
-        self.json(&["queue", "stats", name])[0].clone()
+        let lines = self.json_lines(&["queue", "stats", name]);
+        assert_eq!(lines.len(), 1, "one line for one queue");
+        lines[0].clone()
     }
 }
 
@@ -89,8 +91,8 @@ fn queue_add_list_show_rm_round_trip() {
         "--at-most-once",
     ]);
     assert_eq!(added["stats"]["ready"], 3, "back-filled: {added}");
-    let list = db.json(&["queue", "list"]);
-    assert_eq!(list.as_array().unwrap().len(), 1);
+    let list = db.json_lines(&["queue", "list"]);
+    assert_eq!(list.len(), 1);
     assert_eq!(list[0]["name"], "ship");
     let show = db.json(&["queue", "show", "ship"]);
     let q = &show["queue"];
@@ -114,7 +116,7 @@ fn queue_add_list_show_rm_round_trip() {
     let text = db.ok(&["queue", "show", "ship"]);
     assert!(text.contains("\"Shop.Cancelled\""), "{text}");
     db.ok(&["queue", "rm", "ship"]);
-    assert_eq!(db.json(&["queue", "list"]), serde_json::json!([]));
+    assert!(db.json_lines(&["queue", "list"]).is_empty());
     let out = db.run(&["queue", "show", "ship"]);
     assert_eq!(code(&out), 3, "unknown queue is not found");
     assert!(

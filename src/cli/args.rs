@@ -35,6 +35,12 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "N")]
     pub max_held: Option<u64>,
 
+    #[command(flatten)]
+    pub log: crate::cli::log::LogArgs,
+
+    #[command(flatten)]
+    pub config: crate::cli::config::ConfigArgs,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -142,6 +148,12 @@ pub enum Command {
     ///
     /// Example: precedent work ship --once -- true
     Work(crate::cli::work::WorkArgs),
+    /// Print a shell completion script: bash, zsh, fish, elvish or powershell.
+    /// Example: precedent completions bash > ~/.local/share/bash-completion/completions/precedent
+    Completions(crate::cli::complete::CompletionsArgs),
+    /// Print the man page (roff) to stdout, or write one page per command with --dir.
+    /// Example: precedent man | man -l -
+    Man(crate::cli::complete::ManArgs),
 }
 
 /// `precedent held ...`: removing held facts. A held fact was never released, so this

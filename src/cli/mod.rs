@@ -11,16 +11,20 @@ macro_rules! say {
 }
 
 pub mod args;
+mod complete;
+pub mod config;
 mod demo;
 mod export;
 mod facts;
 mod import;
 mod inspect;
 mod peers;
+mod log;
 mod query;
 mod queue;
 mod records;
 mod sync;
+mod time;
 mod work;
 
 use std::fmt;
@@ -188,6 +192,7 @@ impl Global {
                 ),
             ));
         }
+        tracing::debug!(db = %self.db.display(), create, "opening the database");
         let mut options = StoreOptions::default();
         if let Some(n) = self.max_held {
             options.max_held = n;
@@ -227,6 +232,11 @@ impl Global {
 
 /// Runs a parsed command line and turns its outcome into an exit code.
 pub fn run(cli: Cli) -> ExitCode {
+    // `serve` logs each request at info level; other commands only warnings by default.
+    log::init(&cli.log, log::default_level(&cli.command));
+    if let Some(path) = &cli.config.used {
+        tracing::debug!(file = %path.display(), "read the config file");
+    }
     let global = Global {
         access: Access::of(&cli.command),
         db: cli.db,
@@ -278,6 +288,8 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Queue(c) => queue::queue(&global, c),
         Command::Dlq(c) => queue::entries(&global, c, precedent::queue::ItemState::Dead),
         Command::Work(a) => work::work(&global, a),
+        Command::Completions(a) => complete::completions(&a),
+        Command::Man(a) => complete::man(&a),
     };
     match result {
         Ok(Status::Ok) => ExitCode::from(exit::OK),
@@ -351,7 +363,7 @@ fn lowercase_first(part: &str) -> String {
 /// A progress bar on stderr, or a hidden one when stderr is not a terminal.
 /// `len` is the total in bytes when known; otherwise a spinner counts.
 pub fn progress(len: Option<u64>, what: &str) -> ProgressBar {
-    if !io::stderr().is_terminal() {
+    if !io::stderr().is_terminal() || log::quiet() {
         return ProgressBar::hidden();
     }
     let pb = match len {

@@ -40,9 +40,11 @@ pub struct QueryArgs {
 pub struct WatchArgs {
     #[command(flatten)]
     pub query: QueryArgs,
-    /// How often to look for new facts, in milliseconds (the most a change waits).
-    #[arg(long, value_name = "MS", default_value_t = 50)]
-    pub interval_ms: u64,
+    /// How often to look for new facts (the most a change waits): 50ms, 1s; a bare number
+    /// is milliseconds.
+    #[arg(long = "interval", alias = "interval-ms", value_name = "DUR", default_value = "50ms",
+          value_parser = super::time::parse_ms_or_duration)]
+    pub interval: Duration,
 }
 
 fn load(args: &QueryArgs, store: &Store) -> anyhow::Result<(Query, Givens)> {
@@ -148,7 +150,7 @@ pub fn watch(g: &Global, args: WatchArgs) -> anyhow::Result<Status> {
     })?;
     out.sink.flush()?;
     drop(out);
-    watch.interval = Duration::from_millis(args.interval_ms.max(1));
+    watch.interval = args.interval.max(Duration::from_millis(1));
     loop {
         for change in watch.wait(&store, Duration::from_secs(1))? {
             match change {

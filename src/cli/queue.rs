@@ -190,29 +190,10 @@ impl From<StateArg> for ItemState {
     }
 }
 
-/// Parses a duration such as `250ms`, `30s`, `5m`, `1h` or `2d` into milliseconds.
+/// Parses a duration such as `250ms`, `30s`, `1m30s`, `1h` or `2d` into milliseconds
+/// (`humantime`'s syntax, as every command's durations: `super::time`).
 pub fn parse_duration(text: &str) -> Result<i64, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let n: i64 = digits.parse().map_err(|_| {
-        format!("bad duration {text:?}: expected a number and a unit (250ms, 30s, 5m, 1h, 2d)")
-    })?;
-    let scale = match unit {
-        "ms" => 1,
-        "s" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => {
-            return Err(format!(
-                "bad duration {text:?}: unit must be ms, s, m, h or d"
-            ));
-        }
-    };
-    n.checked_mul(scale)
-        .ok_or_else(|| format!("duration {text:?} is too long"))
+    super::time::parse_ms(text)
 }
 
 /// Parses `TYPE.ROLE`, splitting at the last dot.
@@ -325,7 +306,10 @@ fn list(g: &Global) -> anyhow::Result<Status> {
     let store = g.open(false)?;
     let specs = store.queues()?;
     if g.json {
-        say!("{}", serde_json::to_string(&specs)?);
+        // A list: JSON Lines, one declaration per line (docs/cli.md, "--json").
+        for spec in &specs {
+            say!("{}", serde_json::to_string(spec)?);
+        }
         return Ok(Status::Ok);
     }
     for spec in specs {
@@ -375,7 +359,7 @@ fn show(g: &Global, name: &str) -> anyhow::Result<Status> {
 
 fn print_stats(s: &QueueStats) -> anyhow::Result<()> {
     say!(
-        "{}: ready {}, leased {}, delayed {}, blocked {}, dead {}, poison {}, completed {}, discarded {}; oldest ready {} ms; last 5 min: {} completed, {} failed",
+        "{}: ready {}, leased {}, delayed {}, blocked {}, dead {}, poison {}, completed {}, discarded {}; oldest ready {}; last 5 min: {} completed, {} failed",
         s.queue,
         s.ready,
         s.leased,
@@ -385,7 +369,7 @@ fn print_stats(s: &QueueStats) -> anyhow::Result<()> {
         s.poison,
         s.completed,
         s.discarded,
-        s.oldest_ready_ms,
+        super::time::format_duration_ms(s.oldest_ready_ms),
         s.completed_5m,
         s.failed_5m
     );
@@ -409,7 +393,10 @@ fn stats(g: &Global, name: Option<&str>, prometheus: bool) -> anyhow::Result<Sta
     if prometheus {
         say!("{}", prometheus_text(&all).trim_end());
     } else if g.json {
-        say!("{}", serde_json::to_string(&all)?);
+        // A list (one line per queue, also when one is named): JSON Lines.
+        for s in &all {
+            say!("{}", serde_json::to_string(s)?);
+        }
     } else {
         for s in &all {
             print_stats(s)?;
@@ -489,7 +476,10 @@ fn check(g: &Global, name: Option<&str>) -> anyhow::Result<Status> {
     let store = g.open(false)?;
     let breaches = store.queue_check(name)?;
     if g.json {
-        say!("{}", serde_json::to_string(&breaches)?);
+        // A list: JSON Lines, one breach per line; nothing when all is well.
+        for b in &breaches {
+            say!("{}", serde_json::to_string(b)?);
+        }
     } else {
         for b in &breaches {
             say!("{b}");

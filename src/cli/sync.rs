@@ -41,9 +41,11 @@ pub struct ServeArgs {
     /// Most facts pushed by one peer that may wait here for ancestors at once.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_held_per_peer)]
     pub max_held_per_peer: u64,
-    /// Seconds a request may take before its answer starts.
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
-    pub request_timeout: u64,
+    /// How long a request may take before its answer starts: 60s, 1m30s; a bare number
+    /// is seconds.
+    #[arg(long, value_name = "DUR", default_value = "60s",
+          value_parser = super::time::parse_secs_or_duration)]
+    pub request_timeout: Duration,
     /// Most connections open at once.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections)]
     pub max_connections: usize,
@@ -144,7 +146,7 @@ pub fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<Status> {
         max_body_bytes: a.max_body_bytes,
         max_facts_per_request: a.max_facts_per_request.max(1),
         max_held_per_peer: a.max_held_per_peer,
-        request_timeout: Duration::from_secs(a.request_timeout.max(1)),
+        request_timeout: a.request_timeout.max(Duration::from_millis(1)),
         max_connections: a.max_connections.max(1),
         ..Limits::default()
     };
@@ -158,10 +160,10 @@ pub fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<Status> {
         // One line a script can wait for; stderr so stdout stays clean.
         eprintln!("listening on {scheme}://{addr}");
         if open {
-            eprintln!("no --tokens: every request may read and write");
+            tracing::warn!("no --tokens: every request may read and write");
         }
     })?;
-    eprintln!("stopped");
+    tracing::info!("stopped");
     Ok(Status::Ok)
 }
 
@@ -249,7 +251,7 @@ fn follow(
                 }
             }
             Ok(_) => {}
-            Err(e) => eprintln!("error: {e} (retrying)"),
+            Err(e) => tracing::warn!("{e} (retrying)"),
         },
     )?;
     Ok(Status::Ok)
@@ -340,7 +342,7 @@ pub fn peers(g: &Global) -> anyhow::Result<Status> {
     for p in &peers {
         let when = p
             .last_sync_ms
-            .map(format_ms)
+            .map(super::time::format_ms)
             .unwrap_or_else(|| "never".into());
         say!(
             "{:<40}  {:>10}  {:>10}  {:>8}  {:<24}  {}",
@@ -353,28 +355,6 @@ pub fn peers(g: &Global) -> anyhow::Result<Status> {
         );
     }
     Ok(Status::Ok)
-}
-
-/// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC), without a date crate.
-fn format_ms(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }
 
 pub fn poison(g: &Global, c: PoisonCommand) -> anyhow::Result<Status> {
@@ -397,7 +377,7 @@ pub fn poison(g: &Global, c: PoisonCommand) -> anyhow::Result<Status> {
                 return Ok(Status::Ok);
             }
             say!(
-                "{:>6}  {:<20}  {:<19}  {:>8}  reason",
+                "{:>6}  {:<20}  {:<20}  {:>8}  reason",
                 "id",
                 "peer",
                 "received (utc)",
@@ -405,10 +385,10 @@ pub fn poison(g: &Global, c: PoisonCommand) -> anyhow::Result<Status> {
             );
             for q in &list {
                 say!(
-                    "{:>6}  {:<20}  {:<19}  {:>8}  {}",
+                    "{:>6}  {:<20}  {:<20}  {:>8}  {}",
                     q.id,
                     q.peer,
-                    format_ms(q.received_ms),
+                    super::time::format_ms(q.received_ms),
                     q.bytes.len(),
                     q.reason
                 );
@@ -436,7 +416,7 @@ pub fn poison(g: &Global, c: PoisonCommand) -> anyhow::Result<Status> {
             } else {
                 say!("id        {}", q.id);
                 say!("peer      {}", q.peer);
-                say!("received  {}", format_ms(q.received_ms));
+                say!("received  {}", super::time::format_ms(q.received_ms));
                 say!("reason    {}", q.reason);
                 say!(
                     "bytes     {} ({} bytes)",

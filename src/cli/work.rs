@@ -43,9 +43,6 @@ pub struct WorkArgs {
     /// How long to wait before looking again when nothing is ready.
     #[arg(long, value_name = "DUR", default_value = "200ms", value_parser = parse_duration)]
     pub poll: i64,
-    /// No line per input on stderr.
-    #[arg(long)]
-    pub quiet: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -167,7 +164,8 @@ fn run_batch(store: &Store, sh: &Shared, leases: &mut Vec<Lease>) -> anyhow::Res
     while !leases.is_empty() && !sh.stop.load(Ordering::Relaxed) {
         let lease = leases.remove(0);
         let outcome = handle(store, sh, lease, leases)?;
-        if !sh.args.quiet {
+        // The global -q/--quiet (`work ship --quiet`): no line per input.
+        if !super::log::quiet() {
             eprintln!("{outcome}");
         }
     }
@@ -220,7 +218,8 @@ fn handle(
     Ok(match store.fail(&lease, failure) {
         Ok(FailOutcome::Retry { at_ms }) => {
             let now = precedent::clock::Clock::now_ms(&precedent::clock::SystemClock);
-            format!("{short} retry in {} ms: {what}", (at_ms - now).max(0))
+            let wait = super::time::format_duration_ms(at_ms - now);
+            format!("{short} retry in {wait}: {what}")
         }
         Ok(FailOutcome::DeadLettered(h)) => format!("{short} dead-lettered as {h}: {what}"),
         Ok(FailOutcome::Poisoned(h)) => format!("{short} poison as {h}: {what}"),

@@ -12,15 +12,22 @@ pub use super::db::Db;
 pub const BIN: &str = env!("CARGO_BIN_EXE_precedent");
 
 /// `precedent --db DB ARGS..`, with `PRECEDENT_DB` and `PRECEDENT_TOKEN` cleared so that
-/// the environment of whoever runs the tests cannot point a command elsewhere.
+/// the environment of whoever runs the tests cannot point a command elsewhere, and no
+/// config file of theirs read (`PRECEDENT_CONFIG` cleared, the XDG directory a missing
+/// one).
 pub fn cmd(db: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
-    c.arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("PRECEDENT_DB")
-        .env_remove("PRECEDENT_TOKEN");
+    c.arg("--db").arg(db).args(args);
+    isolate(&mut c);
     c
+}
+
+/// Clears what the environment of whoever runs the tests could change a command with.
+pub fn isolate(c: &mut Command) -> &mut Command {
+    c.env_remove("PRECEDENT_DB")
+        .env_remove("PRECEDENT_TOKEN")
+        .env_remove("PRECEDENT_CONFIG")
+        .env("XDG_CONFIG_HOME", "/nonexistent/precedent-tests")
 }
 
 /// Runs a command with `stdin` as its input and waits for it, whatever its exit code.
@@ -69,6 +76,14 @@ impl Db {
         all.extend_from_slice(args);
         serde_json::from_str(&self.ok(&all)).unwrap()
     }
+
+    /// Runs a command with `--json` that must succeed and print JSON Lines (a list or a
+    /// stream); returns each line parsed.
+    pub fn json_lines(&self, args: &[&str]) -> Vec<Json> {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        json_lines(&self.ok(&all))
+    }
 }
 
 pub fn code(out: &Output) -> i32 {
@@ -81,4 +96,11 @@ pub fn stderr(out: &Output) -> String {
 
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Each line of JSON Lines output parsed; panics on a line that is not one JSON document.
+pub fn json_lines(text: &str) -> Vec<Json> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect()
 }

@@ -81,7 +81,9 @@ pub fn declare_ship(db: &Path, lease: &str, max_attempts: &str, backoff_cap: &st
 /// `precedent queue stats ship` as JSON.
 pub fn stats(db: &Path) -> Json {
     let out = run_ok(db, &["--json", "queue", "stats", "ship"], b"");
-    serde_json::from_slice::<Json>(&out.stdout).unwrap()[0].clone()
+    let lines = super::bin::json_lines(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(lines.len(), 1, "one line for one queue");
+    lines[0].clone()
 }
 
 /// The sum of the named counts of `stats`.

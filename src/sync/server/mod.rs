@@ -23,6 +23,7 @@ use crate::sync::auth::Tokens;
 use crate::sync::metrics::Metrics;
 use crate::sync::wire;
 
+mod access;
 mod app;
 mod http_errors;
 mod push;
@@ -186,7 +187,7 @@ impl Server {
             push_budget_bytes: self.config.limits.push_budget(),
             push_turn: Semaphore::new(1),
         });
-        let router = router(app.clone());
+        let router = access::logged(router(app.clone()));
         let connections = Arc::new(Semaphore::new(self.config.limits.max_connections));
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let header_timeout = self.config.limits.request_timeout;
