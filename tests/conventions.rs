@@ -389,13 +389,24 @@ fn durations_take_humantime_forms_and_old_forms_keep_working() {
 fn serve_request_timeout_takes_a_duration_or_bare_seconds() {
     let db = Db::new();
     db.ok(&["init"]);
-    // 300ms: a long-poll pull that would wait 5 s is cut off with a 408.
+    // The server reports the limits it runs with, the request timeout among them.
+    let limits = |serve: &Serve| -> serde_json::Value {
+        let answer = serve.get("/v1/health");
+        let text = String::from_utf8_lossy(&answer);
+        let body = &text[text.find("\r\n\r\n").expect("a whole answer") + 4..];
+        serde_json::from_str::<serde_json::Value>(body).unwrap()["limits"].clone()
+    };
+    // 300ms: a long-poll pull that asks to wait 5 s is cut short below the timeout (a long
+    // poll waits at most half a timeout under two seconds) and answers an empty page.
     let fast = Serve::start(&db, &["-q"], &["--request-timeout", "300ms"]);
+    let l = limits(&fast);
+    assert_eq!(l["request_timeout_ms"], 300, "{l}");
+    assert_eq!(l["max_wait_ms"], 150, "{l}");
     let started = std::time::Instant::now();
     let answer = fast.get("/v1/facts?after=0&wait_ms=5000");
     assert_eq!(
         status_of(&answer),
-        408,
+        200,
         "{}",
         String::from_utf8_lossy(&answer)
     );
@@ -403,6 +414,7 @@ fn serve_request_timeout_takes_a_duration_or_bare_seconds() {
     drop(fast.stop());
     // A bare number is seconds, as before: 2 s outlasts a 300 ms wait.
     let slow = Serve::start(&db, &["-q"], &["--request-timeout", "2"]);
+    assert_eq!(limits(&slow)["request_timeout_ms"], 2_000);
     let answer = slow.get("/v1/facts?after=0&wait_ms=300");
     assert_eq!(
         status_of(&answer),
