@@ -95,6 +95,11 @@ impl Sandbox {
             .arg(line)
             .current_dir(self.dir.path())
             .env("PATH", &self.path)
+            // Examples may write under the home directory, and read a config file there:
+            // the sandbox is their home, so they touch no one's own.
+            .env("HOME", self.dir.path())
+            .env("XDG_CONFIG_HOME", self.dir.path().join(".config"))
+            .env_remove("PRECEDENT_CONFIG")
             .env_remove("PRECEDENT_DB")
             .env_remove("PRECEDENT_TOKEN")
             .stdin(Stdio::null())

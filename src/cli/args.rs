@@ -148,8 +148,11 @@ pub enum Command {
     ///
     /// Example: precedent work ship --once -- true
     Work(crate::cli::work::WorkArgs),
-    /// Print a shell completion script: bash, zsh, fish, elvish or powershell.
-    /// Example: precedent completions bash > ~/.local/share/bash-completion/completions/precedent
+    /// Print a shell completion script: bash, zsh, fish, elvish or powershell. For bash,
+    /// save it as ~/.local/share/bash-completion/completions/precedent to load it in
+    /// every new shell (docs/cli.md has the other shells).
+    ///
+    /// Example: precedent completions bash
     Completions(crate::cli::complete::CompletionsArgs),
     /// Print the man page (roff) to stdout, or write one page per command with --dir.
     /// Example: precedent man | man -l -
