@@ -18,9 +18,11 @@ use super::pipeline::{Batches, Chunker, Item, PIECE_RECORDS, Parsed};
 use super::records::{CborSeq, READ_BYTES, Records, sniff};
 use super::{Failure, Global, Status, exit, progress, source_name};
 
-/// Records per `insert_batch` call. `PRECEDENT_IMPORT_BATCH` overrides it, for tests and
-/// benches.
-const CHUNK_RECORDS: usize = 10_000;
+/// Records per `insert_batch` call: 50,000 imports faster than 10,000 or 25,000 (fewer
+/// commits and checkpoints), and with 25,000 records parsed ahead the peak memory stays
+/// under 300 MB; docs/performance.md, "Import", has the figures. `PRECEDENT_IMPORT_BATCH`
+/// overrides it, for tests and benches.
+const CHUNK_RECORDS: usize = 50_000;
 /// Bytes of records per batch, so that large facts do not pile up in memory.
 const CHUNK_BYTES: usize = 64 << 20;
 
@@ -158,14 +160,19 @@ fn import_chunk(
     pb: &ProgressBar,
 ) -> precedent::Result<()> {
     let mut facts = Vec::with_capacity(chunk.len());
-    let mut known = BTreeSet::new();
+    // Each fact's hash and the index of its record's label; the set of them (for prefix
+    // lookups) is built only once a record needs it.
+    let mut hashes: Vec<(FactHash, usize)> = Vec::with_capacity(chunk.len());
+    let mut known: Option<BTreeSet<FactHash>> = None;
     let mut labels = Vec::with_capacity(chunk.len());
-    let mut origin: HashMap<FactHash, usize> = HashMap::with_capacity(chunk.len());
     for item in chunk {
         tally.records += 1;
         let parsed = match item.parsed {
             Parsed::Facts(parsed) => Ok(parsed),
-            Parsed::NeedsStore(spec) => json::resolve(&spec, &mut |p| resolve(w, &known, p)),
+            Parsed::NeedsStore(spec) => {
+                let known = known.get_or_insert_with(|| hashes.iter().map(|h| h.0).collect());
+                json::resolve(&spec, &mut |p| resolve(w, known, p))
+            }
             Parsed::Invalid(reason) => {
                 tally.invalid += 1;
                 pb.suspend(|| eprintln!("{}: {reason}", item.label));
@@ -175,8 +182,10 @@ fn import_chunk(
         match parsed {
             Ok(parsed) => {
                 for fact in parsed {
-                    known.insert(fact.hash());
-                    origin.entry(fact.hash()).or_insert(labels.len());
+                    if let Some(known) = known.as_mut() {
+                        known.insert(fact.hash());
+                    }
+                    hashes.push((fact.hash(), labels.len()));
                     facts.push(fact);
                 }
                 labels.push(item.label);
@@ -193,15 +202,23 @@ fn import_chunk(
     tally.duplicate += report.duplicates;
     tally.released += report.released;
     tally.refused += report.refused.len() as u64;
-    for hash in &report.refused {
-        let label = origin.get(hash).map_or("record", |&i| labels[i].as_str());
-        let e = Error::HeldLimit { limit, hash: *hash };
-        pb.suspend(|| eprintln!("{label}: {e}"));
+    if !report.refused.is_empty() {
+        // The first record that gave each fact.
+        let mut origin: HashMap<FactHash, usize> = HashMap::with_capacity(hashes.len());
+        for &(hash, label) in &hashes {
+            origin.entry(hash).or_insert(label);
+        }
+        for hash in &report.refused {
+            let label = origin.get(hash).map_or("record", |&i| labels[i].as_str());
+            let e = Error::HeldLimit { limit, hash: *hash };
+            pb.suspend(|| eprintln!("{label}: {e}"));
+        }
     }
     // With nothing held and nothing a duplicate (of a fact that may be held), every fact
     // of the batch that was not refused is released: no need to look each one up.
     if report.held > 0 || report.duplicates > 0 {
         let refused: BTreeSet<_> = report.refused.into_iter().collect();
+        let known = known.unwrap_or_else(|| hashes.iter().map(|h| h.0).collect());
         for hash in known {
             if !refused.contains(&hash) && w.released_seq(&hash)?.is_none() {
                 tally.held.insert(hash);

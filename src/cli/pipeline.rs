@@ -17,9 +17,9 @@
 //! hash prefixes must be looked up (see [`Parsed::NeedsStore`]) is parsed there and
 //! resolved by the writer, against the store and the batch's earlier records, as before.
 //!
-//! Memory: at most about one batch of parsed facts is in flight ahead of the batch the
-//! writer is storing (the output channels hold `batch / piece` pieces in all),
-//! plus one piece per worker and one per input channel.
+//! Memory: while the writer stores a batch, at most [`AHEAD_RECORDS`] parsed records (or
+//! one batch, if smaller) wait in the output channels, plus one piece per worker and one
+//! per input channel. A parsed fact takes about 2.7 KB, so 25,000 of them are about 70 MB.
 
 use std::io::{self, BufRead};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -33,6 +33,8 @@ use super::records::{Body, Record, Records};
 /// Records per piece dealt to a worker: large enough that channel traffic is negligible,
 /// small enough that the workers share a batch evenly.
 pub const PIECE_RECORDS: usize = 1_000;
+/// Parsed records that may wait for the writer, in all (see the module's "Memory").
+pub const AHEAD_RECORDS: usize = 25_000;
 /// Bytes of records per piece, so that large facts do not pile up in the channels.
 const PIECE_BYTES: usize = 1 << 20;
 
@@ -156,8 +158,7 @@ impl Batches {
         if threads <= 1 {
             return Ok(Batches::Inline { records, chunker });
         }
-        // About one batch of parsed pieces waits in the output channels in all.
-        let ahead = (chunker.records / chunker.piece / threads).max(1);
+        let ahead = (chunker.records.min(AHEAD_RECORDS) / chunker.piece / threads).max(1);
         let mut inputs = Vec::with_capacity(threads);
         let mut outputs = Vec::with_capacity(threads);
         for i in 0..threads {
