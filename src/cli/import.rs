@@ -19,8 +19,8 @@ use super::records::{CborSeq, READ_BYTES, Records, sniff};
 use super::{Failure, Global, Status, exit, progress, source_name};
 
 /// Records per `insert_batch` call: 50,000 imports faster than 10,000 or 25,000 (fewer
-/// commits and checkpoints), and with 25,000 records parsed ahead the peak memory stays
-/// under 300 MB; docs/performance.md, "Import", has the figures. `PRECEDENT_IMPORT_BATCH`
+/// commits and checkpoints); docs/performance.md, "Import", has the figures, and the
+/// peak memory, which is over its 300 MB bound at a million facts. `PRECEDENT_IMPORT_BATCH`
 /// overrides it, for tests and benches.
 const CHUNK_RECORDS: usize = 50_000;
 /// Bytes of records per batch, so that large facts do not pile up in memory.
@@ -62,8 +62,10 @@ struct Tally {
     released: u64,
     invalid: u64,
     refused: u64,
-    /// Facts of this input that were held after their chunk.
-    held: BTreeSet<FactHash>,
+    /// Facts of this input that were held after their batch, one exactly sized list per
+    /// batch (a children-first import of a million facts holds nearly all of them, and a
+    /// set would cost half as much again); a fact may be in several lists.
+    held: Vec<Vec<FactHash>>,
 }
 
 /// `precedent import FILE|- [--format json|cbor] [--atomic]`.
@@ -123,7 +125,10 @@ pub fn import(
     pb.finish_and_clear();
     let mut held = 0;
     if !rolled_back {
-        for h in &tally.held {
+        let mut all: Vec<FactHash> = std::mem::take(&mut tally.held).concat();
+        all.sort_unstable();
+        all.dedup();
+        for h in &all {
             if store.seq_of(h)?.is_none() {
                 held += 1;
             }
@@ -219,11 +224,14 @@ fn import_chunk(
     if report.held > 0 || report.duplicates > 0 {
         let refused: BTreeSet<_> = report.refused.into_iter().collect();
         let known = known.unwrap_or_else(|| hashes.iter().map(|h| h.0).collect());
+        let mut held = Vec::new();
         for hash in known {
             if !refused.contains(&hash) && w.released_seq(&hash)?.is_none() {
-                tally.held.insert(hash);
+                held.push(hash);
             }
         }
+        held.shrink_to_fit();
+        tally.held.push(held);
     }
     pb.set_message(format!("{} records", tally.records));
     Ok(())

@@ -19,7 +19,7 @@
 //!
 //! Memory: while the writer stores a batch, at most [`AHEAD_RECORDS`] parsed records (or
 //! one batch, if smaller) wait in the output channels, plus one piece per worker and one
-//! per input channel. A parsed fact takes about 2.7 KB, so 25,000 of them are about 70 MB.
+//! per input channel. A parsed fact takes about 2.7 KB, so 10,000 of them are about 27 MB.
 
 use std::io::{self, BufRead};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -34,7 +34,7 @@ use super::records::{Body, Record, Records};
 /// small enough that the workers share a batch evenly.
 pub const PIECE_RECORDS: usize = 1_000;
 /// Parsed records that may wait for the writer, in all (see the module's "Memory").
-pub const AHEAD_RECORDS: usize = 25_000;
+pub const AHEAD_RECORDS: usize = 10_000;
 /// Bytes of records per piece, so that large facts do not pile up in the channels.
 const PIECE_BYTES: usize = 1 << 20;
 
