@@ -1,5 +1,6 @@
-//! `import`: JSON Lines or a CBOR sequence, streamed in chunks of records, each chunk
-//! inserted with one `insert_batch` (and with `--atomic`, all in one transaction).
+//! `import`: JSON Lines or a CBOR sequence, parsed, encoded and hashed on every core
+//! (`pipeline.rs`) and stored by this thread in input order, a batch at a time, each
+//! batch with one `insert_batch` (and with `--atomic`, all in one transaction).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
@@ -9,17 +10,48 @@ use std::path::Path;
 use anyhow::Context;
 use indicatif::ProgressBar;
 use precedent::store::Writer;
-use precedent::{Error, Fact, FactHash, HashPrefix, json};
+use precedent::{Error, FactHash, HashPrefix, json};
 use serde_json::json;
 
 use super::args::Format;
-use super::records::{Body, CborSeq, READ_BYTES, Record, Records, sniff};
+use super::pipeline::{Batches, Chunker, Item, PIECE_RECORDS, Parsed};
+use super::records::{CborSeq, READ_BYTES, Records, sniff};
 use super::{Failure, Global, Status, exit, progress, source_name};
 
-/// Records per `insert_batch` call.
-const CHUNK_RECORDS: usize = 10_000;
-/// Bytes of records per chunk, so that large facts do not pile up in memory.
+/// Records per `insert_batch` call: 50,000 imports faster than 10,000 or 25,000 (fewer
+/// commits and checkpoints); docs/performance.md, "Import", has the figures, and the
+/// peak memory, which is over its 300 MB bound at a million facts. `PRECEDENT_IMPORT_BATCH`
+/// overrides it, for tests and benches.
+const CHUNK_RECORDS: usize = 50_000;
+/// Bytes of records per batch, so that large facts do not pile up in memory.
 const CHUNK_BYTES: usize = 64 << 20;
+
+/// Threads that parse, from `PRECEDENT_IMPORT_THREADS` (1: all in this thread, the
+/// reference that tests compare against), else one per core.
+fn threads() -> usize {
+    std::env::var("PRECEDENT_IMPORT_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
+}
+
+/// Batch boundaries; `PRECEDENT_IMPORT_BATCH` and `PRECEDENT_IMPORT_PIECE` (records per
+/// piece handed to a worker) override the defaults, for tests and benches.
+fn chunker() -> Chunker {
+    let var = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+            .max(1)
+    };
+    Chunker {
+        records: var("PRECEDENT_IMPORT_BATCH", CHUNK_RECORDS),
+        bytes: CHUNK_BYTES,
+        piece: var("PRECEDENT_IMPORT_PIECE", PIECE_RECORDS),
+    }
+}
 
 /// What the import did so far.
 #[derive(Default)]
@@ -30,8 +62,10 @@ struct Tally {
     released: u64,
     invalid: u64,
     refused: u64,
-    /// Facts of this input that were held after their chunk.
-    held: BTreeSet<FactHash>,
+    /// Facts of this input that were held after their batch, one exactly sized list per
+    /// batch (a children-first import of a million facts holds nearly all of them, and a
+    /// set would cost half as much again); a fact may be in several lists.
+    held: Vec<Vec<FactHash>>,
 }
 
 /// `precedent import FILE|- [--format json|cbor] [--atomic]`.
@@ -42,8 +76,8 @@ pub fn import(
     atomic: bool,
 ) -> anyhow::Result<Status> {
     let name = source_name(path);
-    let (input, len): (Box<dyn Read>, Option<u64>) = if path == Path::new("-") {
-        (Box::new(io::stdin().lock()), None)
+    let (input, len): (Box<dyn Read + Send>, Option<u64>) = if path == Path::new("-") {
+        (Box::new(io::stdin()), None)
     } else {
         let file = File::open(path).with_context(|| format!("cannot open {name}"))?;
         let len = file.metadata().ok().map(|m| m.len());
@@ -53,7 +87,8 @@ pub fn import(
     let mut input = BufReader::with_capacity(READ_BYTES, pb.wrap_read(input));
     let (format, skipped, lines) =
         sniff(&mut input, format).with_context(|| format!("cannot read {name}"))?;
-    let mut records = match format {
+    let input: Box<dyn BufRead + Send> = Box::new(input);
+    let records = match format {
         Format::Json => Records::Lines {
             r: input,
             line: lines,
@@ -61,12 +96,14 @@ pub fn import(
         Format::Cbor => Records::Cbor(CborSeq::new(input, skipped)),
     };
     let store = g.open(true)?;
+    let mut batches =
+        Batches::start(records, chunker(), threads()).context("cannot start the import threads")?;
     let limit = g.max_held();
     let mut tally = Tally::default();
     let mut rolled_back = false;
     if atomic {
         let result = store.write(|w| {
-            while let Some(chunk) = read_chunk(&mut records)? {
+            while let Some(chunk) = batches.next_batch()? {
                 import_chunk(w, chunk, &mut tally, limit, &pb)?;
             }
             if tally.invalid + tally.refused > 0 {
@@ -81,14 +118,17 @@ pub fn import(
             result.with_context(|| format!("import of {name} stored nothing"))?;
         }
     } else {
-        while let Some(chunk) = read_chunk(&mut records)? {
+        while let Some(chunk) = batches.next_batch()? {
             store.write(|w| import_chunk(w, chunk, &mut tally, limit, &pb))?;
         }
     }
     pb.finish_and_clear();
     let mut held = 0;
     if !rolled_back {
-        for h in &tally.held {
+        let mut all: Vec<FactHash> = std::mem::take(&mut tally.held).concat();
+        all.sort_unstable();
+        all.dedup();
+        for h in &all {
             if store.seq_of(h)?.is_none() {
                 held += 1;
             }
@@ -115,49 +155,50 @@ pub fn import(
     Ok(Status::Ok)
 }
 
-fn read_chunk<R: BufRead>(records: &mut Records<R>) -> io::Result<Option<Vec<Record>>> {
-    let mut chunk = Vec::new();
-    let mut bytes = 0;
-    while chunk.len() < CHUNK_RECORDS && bytes < CHUNK_BYTES {
-        let Some(rec) = records.next()? else { break };
-        bytes += match &rec.body {
-            Body::Json(t) => t.len(),
-            Body::Cbor(b) => b.len(),
-            Body::Bad(_) => 0,
-        };
-        chunk.push(rec);
-    }
-    Ok((!chunk.is_empty()).then_some(chunk))
-}
-
-/// Parses a chunk (prefixes resolve against the store and against earlier records of
-/// the chunk), inserts it with one `insert_batch`, and counts.
+/// Stores a parsed batch with one `insert_batch` and counts. Records that name a hash
+/// prefix resolve here, against the store and against earlier records of the batch.
 fn import_chunk(
     w: &mut Writer<'_>,
-    chunk: Vec<Record>,
+    chunk: Vec<Item>,
     tally: &mut Tally,
     limit: u64,
     pb: &ProgressBar,
 ) -> precedent::Result<()> {
     let mut facts = Vec::with_capacity(chunk.len());
-    let mut known = BTreeSet::new();
-    let mut origin: HashMap<FactHash, String> = HashMap::new();
-    for rec in chunk {
+    // Each fact's hash and the index of its record's label; the set of them (for prefix
+    // lookups) is built only once a record needs it.
+    let mut hashes: Vec<(FactHash, usize)> = Vec::with_capacity(chunk.len());
+    let mut known: Option<BTreeSet<FactHash>> = None;
+    let mut labels = Vec::with_capacity(chunk.len());
+    for item in chunk {
         tally.records += 1;
-        match parse(w, &rec.body, &known) {
+        let parsed = match item.parsed {
+            Parsed::Facts(parsed) => Ok(parsed),
+            Parsed::NeedsStore(spec) => {
+                let known = known.get_or_insert_with(|| hashes.iter().map(|h| h.0).collect());
+                json::resolve(&spec, &mut |p| resolve(w, known, p))
+            }
+            Parsed::Invalid(reason) => {
+                tally.invalid += 1;
+                pb.suspend(|| eprintln!("{}: {reason}", item.label));
+                continue;
+            }
+        };
+        match parsed {
             Ok(parsed) => {
                 for fact in parsed {
-                    known.insert(fact.hash());
-                    origin
-                        .entry(fact.hash())
-                        .or_insert_with(|| rec.label.clone());
+                    if let Some(known) = known.as_mut() {
+                        known.insert(fact.hash());
+                    }
+                    hashes.push((fact.hash(), labels.len()));
                     facts.push(fact);
                 }
+                labels.push(item.label);
             }
             Err(e) if is_fatal(&e) => return Err(e),
             Err(e) => {
                 tally.invalid += 1;
-                pb.suspend(|| eprintln!("{}: {}", rec.label, record_error(&rec.body, &e)));
+                pb.suspend(|| eprintln!("{}: {e}", item.label));
             }
         }
     }
@@ -166,32 +207,34 @@ fn import_chunk(
     tally.duplicate += report.duplicates;
     tally.released += report.released;
     tally.refused += report.refused.len() as u64;
-    for hash in &report.refused {
-        let label = origin.get(hash).map_or("record", String::as_str);
-        let e = Error::HeldLimit { limit, hash: *hash };
-        pb.suspend(|| eprintln!("{label}: {e}"));
-    }
-    let refused: BTreeSet<_> = report.refused.into_iter().collect();
-    for hash in known {
-        if !refused.contains(&hash) && w.released_seq(&hash)?.is_none() {
-            tally.held.insert(hash);
+    if !report.refused.is_empty() {
+        // The first record that gave each fact.
+        let mut origin: HashMap<FactHash, usize> = HashMap::with_capacity(hashes.len());
+        for &(hash, label) in &hashes {
+            origin.entry(hash).or_insert(label);
         }
+        for hash in &report.refused {
+            let label = origin.get(hash).map_or("record", |&i| labels[i].as_str());
+            let e = Error::HeldLimit { limit, hash: *hash };
+            pb.suspend(|| eprintln!("{label}: {e}"));
+        }
+    }
+    // With nothing held and nothing a duplicate (of a fact that may be held), every fact
+    // of the batch that was not refused is released: no need to look each one up.
+    if report.held > 0 || report.duplicates > 0 {
+        let refused: BTreeSet<_> = report.refused.into_iter().collect();
+        let known = known.unwrap_or_else(|| hashes.iter().map(|h| h.0).collect());
+        let mut held = Vec::new();
+        for hash in known {
+            if !refused.contains(&hash) && w.released_seq(&hash)?.is_none() {
+                held.push(hash);
+            }
+        }
+        held.shrink_to_fit();
+        tally.held.push(held);
     }
     pb.set_message(format!("{} records", tally.records));
     Ok(())
-}
-
-fn parse(w: &Writer<'_>, body: &Body, chunk: &BTreeSet<FactHash>) -> precedent::Result<Vec<Fact>> {
-    match body {
-        Body::Json(text) => {
-            let spec = json::parse(text)?;
-            json::resolve(&spec, &mut |p| resolve(w, chunk, p))
-        }
-        Body::Cbor(bytes) => Ok(vec![Fact::from_canonical(bytes)?]),
-        Body::Bad(reason) => Err(Error::Json {
-            reason: reason.clone(),
-        }),
-    }
 }
 
 /// Resolves a prefix against the facts of the current chunk and the store together.
@@ -231,13 +274,6 @@ fn resolve(
 /// Errors that are about the database, not the record: they stop the import.
 fn is_fatal(e: &Error) -> bool {
     matches!(e, Error::Backend(_) | Error::Io(_) | Error::Corrupt { .. })
-}
-
-fn record_error(body: &Body, e: &Error) -> String {
-    match (body, e) {
-        (Body::Bad(reason), _) => reason.clone(),
-        _ => e.to_string(),
-    }
 }
 
 fn print_tally(g: &Global, t: &Tally, held: u64, rolled_back: bool) -> std::io::Result<()> {

@@ -20,6 +20,7 @@ mod import;
 mod inspect;
 mod log;
 mod peers;
+mod pipeline;
 mod query;
 mod queue;
 mod records;
