@@ -24,25 +24,22 @@
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use precedent::store::StoreOptions;
 use precedent::{Fact, FactHash, Store, encoding, json};
 use serde_json::json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_precedent");
+mod common;
+
+use common::{BIN, env_num, reap, watch_peak};
+
 /// `import`'s default batch (`src/cli/import.rs`, `CHUNK_RECORDS`).
 const DEFAULT_BATCH: u64 = 50_000;
 const MEMORY_LIMIT_MB: f64 = 300.0;
 const IN_ORDER_TARGET: f64 = 0.8;
 const REVERSED_TARGET: f64 = 0.4;
-
-fn env_num(name: &str) -> Option<u64> {
-    std::env::var(name)
-        .ok()
-        .map(|s| s.trim().replace('_', "").parse().expect("a whole number"))
-}
 
 /// A seeded xorshift generator.
 struct Rng(u64);
@@ -166,44 +163,37 @@ fn write_inputs(dir: &Path, n: u64) {
     }
 }
 
-/// The peak resident memory of a running process so far, in MB: `VmHWM` of its own
-/// address space; `None` once it has exited. (`ru_maxrss` from `wait4` would not do: Linux
-/// carries the spawning process's resident size across `exec` into the child's, and this
-/// process has just written the input files from memory.)
-fn vm_hwm_mb(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())?;
-    Some(kb / 1024.0)
+/// A child run to its end: what it printed, whether it exited 0, its CPU seconds and its
+/// peak memory (`VmHWM`, watched while it runs: `ru_maxrss` would carry this process's
+/// own resident size, which holds the input files just written, across `exec`).
+struct Ran {
+    out: String,
+    ok: bool,
+    cpu: f64,
+    peak_mb: f64,
 }
 
-/// Watches a child's peak memory until it exits (every 10 ms; the high-water mark only
-/// grows, so the last reading is the peak up to its last 10 ms).
-fn watch_peak(pid: u32) -> std::thread::JoinHandle<f64> {
-    std::thread::spawn(move || {
-        let mut peak = 0.0f64;
-        while let Some(mb) = vm_hwm_mb(pid) {
-            peak = peak.max(mb);
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        peak
-    })
-}
-
-/// Waits for a child; (exit ok, user + system CPU seconds).
-fn reap(child: Child) -> (bool, f64) {
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(r, pid, "wait4 failed");
-    std::mem::forget(child); // reaped above
-    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    let cpu = secs(usage.ru_utime) + secs(usage.ru_stime);
-    (ok, cpu)
+fn run(cmd: &mut Command) -> Ran {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let peak = watch_peak(child.id());
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let exit = reap(child);
+    Ran {
+        out,
+        ok: exit.ok,
+        cpu: exit.cpu_secs,
+        peak_mb: peak.join().unwrap(),
+    }
 }
 
 struct Measured {
@@ -217,37 +207,22 @@ struct Measured {
 fn import(dir: &Path, file: &str, n: u64, batch: u64) -> Measured {
     let db = dir.join(format!("{file}.db"));
     let start = Instant::now();
-    let child = Command::new(BIN)
+    let ran = run(Command::new(BIN)
         .env("PRECEDENT_IMPORT_BATCH", batch.to_string())
         .arg("--json")
         .arg("--db")
         .arg(&db)
         .args(["--max-held", &n.max(1).to_string(), "import"])
-        .arg(dir.join(file))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut child = child;
-    let peak = watch_peak(child.id());
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let (ok, cpu) = reap(child);
-    let peak_mb = peak.join().unwrap();
+        .arg(dir.join(file)));
     let secs = start.elapsed().as_secs_f64();
-    assert!(ok, "precedent import {file} failed");
-    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(ran.ok, "precedent import {file} failed");
+    let report: serde_json::Value = serde_json::from_str(&ran.out).unwrap();
     assert_eq!(report["released"], n, "{file}: {report}");
     remove_db(&db);
     Measured {
         secs,
-        peak_mb,
-        cpu,
+        peak_mb: ran.peak_mb,
+        cpu: ran.cpu,
         report,
     }
 }
@@ -264,32 +239,17 @@ fn remove_db(db: &Path) {
 /// decoded before the timer starts.
 fn floor(dir: &Path, file: &str, n: u64, batch: u64) -> Measured {
     let start = Instant::now();
-    let child = Command::new(std::env::current_exe().unwrap())
+    let ran = run(Command::new(std::env::current_exe().unwrap())
         .env("PRECEDENT_BENCH_IMPORT_FLOOR", dir.join(file))
         .env("PRECEDENT_BENCH_IMPORT_N", n.to_string())
-        .env("PRECEDENT_IMPORT_BATCH", batch.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut child = child;
-    let peak = watch_peak(child.id());
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let (ok, cpu) = reap(child);
-    let peak_mb = peak.join().unwrap();
+        .env("PRECEDENT_IMPORT_BATCH", batch.to_string()));
     let wall = start.elapsed().as_secs_f64();
-    assert!(ok, "floor {file} failed");
-    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(ran.ok, "floor {file} failed");
+    let report: serde_json::Value = serde_json::from_str(&ran.out).unwrap();
     Measured {
         secs: report["secs"].as_f64().unwrap(),
-        peak_mb,
-        cpu,
+        peak_mb: ran.peak_mb,
+        cpu: ran.cpu,
         report: json!({"child": report, "wall_secs": wall}),
     }
 }

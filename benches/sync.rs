@@ -20,7 +20,7 @@
 //! See `docs/performance.md`, "Sync", for the method and the figures.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,14 +28,11 @@ use std::time::{Duration, Instant};
 use precedent::{Fact, FactHash, Store};
 use serde_json::json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_precedent");
-const MEMORY_LIMIT_MB: f64 = 200.0;
+mod common;
 
-fn env_num(name: &str) -> Option<u64> {
-    std::env::var(name)
-        .ok()
-        .map(|s| s.trim().replace('_', "").parse().expect("a whole number"))
-}
+use common::{BIN, env_num, reap};
+
+const MEMORY_LIMIT_MB: f64 = 200.0;
 
 /// The workload: chains that grow side by side, each fact naming the previous one of its
 /// chain and, one time in four, a recent fact of another chain.
@@ -71,18 +68,6 @@ fn write_workload(path: &Path, n: u64) {
     out.flush().unwrap();
 }
 
-/// Waits for a child and returns (exit ok, peak resident memory in MB).
-fn reap(child: Child) -> (bool, f64) {
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(r, pid, "wait4 failed");
-    std::mem::forget(child); // reaped above
-    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-    (ok, usage.ru_maxrss as f64 / 1024.0)
-}
-
 /// Runs `precedent ARGS` to its end; (seconds, peak MB).
 fn run(args: &[&str]) -> (f64, f64) {
     let start = Instant::now();
@@ -92,9 +77,9 @@ fn run(args: &[&str]) -> (f64, f64) {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let (ok, mb) = reap(child);
-    assert!(ok, "precedent {args:?} failed");
-    (start.elapsed().as_secs_f64(), mb)
+    let exit = reap(child);
+    assert!(exit.ok, "precedent {args:?} failed");
+    (start.elapsed().as_secs_f64(), exit.maxrss_mb)
 }
 
 /// Runs `precedent --json ARGS` to its end; its JSON report.
@@ -116,35 +101,15 @@ struct Served {
 }
 
 fn serve(db: &Path) -> Served {
-    let mut child = Command::new(BIN)
-        .args([
-            "--db",
-            db.to_str().unwrap(),
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    // Keep draining: a closed pipe would fail the server's next line to stderr.
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
+    let (child, url) = common::serve(db);
     Served { child, url }
 }
 
 fn stop(s: Served) -> f64 {
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    let (ok, mb) = reap(s.child);
-    assert!(ok, "server did not stop cleanly");
-    mb
+    let exit = reap(s.child);
+    assert!(exit.ok, "server did not stop cleanly");
+    exit.maxrss_mb
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -269,7 +234,7 @@ fn main() {
         delays.push(t0.elapsed().as_secs_f64() * 1000.0);
     }
     unsafe { libc::kill(follower.id() as i32, libc::SIGTERM) };
-    let (_, follow_mb) = reap(follower);
+    let follow_mb = reap(follower).maxrss_mb;
     let max_delay = delays.iter().cloned().fold(0.0, f64::max);
     let med_delay = median(&mut delays);
     let server_mb = stop(server);

@@ -9,23 +9,18 @@
 //! - `PRECEDENT_BENCH_PUSHES`: concurrent pushes of the second run (default 4).
 //! - `PRECEDENT_BENCH_OUT`: where to write the JSON (default `target/bench-sync-memory.json`).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use precedent::Fact;
 use precedent::sync::client::{Client, ClientOptions};
 use serde_json::json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_precedent");
-const MEMORY_LIMIT_MB: f64 = 300.0;
+mod common;
 
-fn env_num(name: &str) -> Option<u64> {
-    std::env::var(name)
-        .ok()
-        .map(|s| s.trim().replace('_', "").parse().expect("a whole number"))
-}
+use common::{env_num, reap};
+
+const MEMORY_LIMIT_MB: f64 = 300.0;
 
 /// `n` facts of the sync bench's size (about 127 bytes) in chains of 64, as one push body.
 fn body(push: u64, n: u64) -> Vec<u8> {
@@ -47,58 +42,11 @@ fn body(push: u64, n: u64) -> Vec<u8> {
     out
 }
 
-/// The peak resident memory of a running process, in MB: `VmHWM` of its own address
-/// space. (`ru_maxrss` from `wait4` would not do: Linux carries the spawning process's
-/// resident size across `exec` into the child's, and this process holds the push bodies.)
-fn peak_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status");
-    kb / 1024.0
-}
-
-/// Waits for a child; whether it exited 0.
-fn reap(child: Child) -> bool {
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert_eq!(r, pid, "waitpid failed");
-    std::mem::forget(child); // reaped above
-    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
-}
-
-fn serve(db: &Path) -> (Child, String) {
-    let mut child = Command::new(BIN)
-        .args([
-            "--db",
-            db.to_str().unwrap(),
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
-    (child, url)
-}
-
 /// Serves a fresh database, sends `bodies` at once (one thread and connection each),
 /// stops the server: (seconds, peak MB of the server, facts stored).
 fn run(dir: &Path, name: &str, bodies: &[Vec<u8>]) -> (f64, f64, u64) {
     let db = dir.join(format!("{name}.db"));
-    let (child, url) = serve(&db);
+    let (child, url) = common::serve(&db);
     let start = Instant::now();
     std::thread::scope(|s| {
         for b in bodies {
@@ -124,9 +72,10 @@ fn run(dir: &Path, name: &str, bodies: &[Vec<u8>]) -> (f64, f64, u64) {
         }
     });
     let secs = start.elapsed().as_secs_f64();
-    let mb = peak_mb(child.id());
+    // Read before the server stops: `ru_maxrss` would carry this process's own size.
+    let mb = common::peak_mb(child.id()).expect("VmHWM of the running server");
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let ok = reap(child);
+    let ok = reap(child).ok;
     assert!(ok, "server did not stop cleanly");
     let stored = precedent::Store::open(&db)
         .unwrap()
