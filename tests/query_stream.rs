@@ -3,6 +3,8 @@
 //! per iterator while others write; `precedent query` printing before it has read
 //! everything.
 
+mod common;
+
 use precedent::query::{Givens, Query, QueryRow};
 use precedent::{Fact, FactHash, Store, Value};
 use proptest::prelude::*;
@@ -115,7 +117,7 @@ proptest! {
 
 /// Stores a shop and its orders with ids `0..orders`; returns the shop.
 fn shop_with_orders(store: &Store, orders: i64) -> Fact {
-    let shop = Fact::builder("Shop").field("name", "c").build().unwrap();
+    let shop = common::shop::shop("c");
     store.insert(&shop).unwrap();
     store
         .insert_batch((0..orders).map(|i| order(&shop, i)).collect())
@@ -124,11 +126,7 @@ fn shop_with_orders(store: &Store, orders: i64) -> Fact {
 }
 
 fn order(shop: &Fact, id: i64) -> Fact {
-    Fact::builder("Shop.Order")
-        .field("id", id)
-        .predecessor("shop", shop.hash())
-        .build()
-        .unwrap()
+    common::shop::order(shop, "id", id)
 }
 
 #[test]

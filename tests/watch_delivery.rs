@@ -2,6 +2,8 @@
 //! (`Watch::into_stream`): changes from other threads and other connections arrive, and the
 //! watch thread ends, giving its share of the store back, once the receiving end goes.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,18 +15,11 @@ use precedent::{Fact, Store};
 const BOUND: Duration = Duration::from_secs(10);
 
 fn shop() -> Fact {
-    Fact::builder("Shop")
-        .field("name", "corner")
-        .build()
-        .unwrap()
+    common::shop::shop("corner")
 }
 
 fn order(shop: &Fact, id: i64) -> Fact {
-    Fact::builder("Shop.Order")
-        .field("id", id)
-        .predecessor("shop", shop.hash())
-        .build()
-        .unwrap()
+    common::shop::order(shop, "id", id)
 }
 
 /// A watch of the shop's order ids, on a store that holds the shop.
