@@ -22,6 +22,10 @@ use super::{BatchReport, HeldFact, InsertOutcome, Stats, StoredFact, VerifyRepor
 pub enum Dialect {
     /// SQLite 3.45 or later: `?N` parameters, `pq_test` / `pq_field` functions.
     Sqlite,
+    /// PostgreSQL 13 or later: `$N` parameters (the backend also takes the `?N` of
+    /// portable client SQL and rewrites it), `pq_test` / `pq_field` as SQL functions the
+    /// schema defines.
+    Postgres,
 }
 
 impl Dialect {
@@ -30,6 +34,7 @@ impl Dialect {
     pub fn steady_param(self, n: usize) -> String {
         match self {
             Dialect::Sqlite => format!("+?{n}"),
+            Dialect::Postgres => format!("${n}"),
         }
     }
 
@@ -37,7 +42,7 @@ impl Dialect {
     /// `(bytes, field, op, values) -> 0 | 1` (see [`crate::predicate`]).
     pub fn field_test(self) -> &'static str {
         match self {
-            Dialect::Sqlite => "pq_test",
+            Dialect::Sqlite | Dialect::Postgres => "pq_test",
         }
     }
 
@@ -45,7 +50,7 @@ impl Dialect {
     /// `(bytes, field) -> value`.
     pub fn field_value(self) -> &'static str {
         match self {
-            Dialect::Sqlite => "pq_field",
+            Dialect::Sqlite | Dialect::Postgres => "pq_field",
         }
     }
 }
