@@ -1,12 +1,12 @@
-//! `Store::complete_batch`: whatever mix of handlers succeed, fail, forget the completion or
-//! complete another lease's input, each lease ends as if it ran `Store::complete` alone:
+//! `Store::complete_batch`: whatever mix of handlers succeed, fail, forget the completion,
+//! complete another lease's input or fail another lease, each lease ends as if it ran `Store::complete` alone:
 //! its writes commit exactly once or not at all, and the other leases are unaffected.
 //! The batch runs its handlers in one savepoint and replays lease by lease after a
 //! failure, so handlers may run twice; this checks that nothing shows it in the database.
 
 use std::collections::HashMap;
 
-use precedent::queue::{Completion, QueueSpec};
+use precedent::queue::{Completion, Failure, QueueSpec};
 use precedent::store::SqlExt;
 use precedent::{Error, Fact, FactHash, Store, args};
 use proptest::prelude::*;
@@ -21,6 +21,10 @@ enum Handler {
     Forgets,
     /// Writes its effect, its completion and the next lease's completion.
     CompletesNext,
+    /// Writes its effect and its completion, and fails the next lease (back to ready):
+    /// the batch checked that lease before the first handler ran, and must see that it
+    /// no longer holds.
+    FailsNext,
 }
 
 fn handler() -> impl Strategy<Value = Handler> {
@@ -29,6 +33,7 @@ fn handler() -> impl Strategy<Value = Handler> {
         2 => Just(Handler::Fails),
         1 => Just(Handler::Forgets),
         1 => Just(Handler::CompletesNext),
+        1 => Just(Handler::FailsNext),
     ]
 }
 
@@ -51,12 +56,14 @@ enum Expected {
 fn expected(plan: &[Handler]) -> Vec<Expected> {
     let mut out: Vec<Expected> = Vec::new();
     for (i, h) in plan.iter().enumerate() {
-        let lost = i > 0 && plan[i - 1] == Handler::CompletesNext && out[i - 1] == Expected::Ok;
+        let lost = i > 0
+            && matches!(plan[i - 1], Handler::CompletesNext | Handler::FailsNext)
+            && out[i - 1] == Expected::Ok;
         out.push(if lost {
             Expected::LeaseLost
         } else {
             match h {
-                Handler::Completes | Handler::CompletesNext => Expected::Ok,
+                Handler::Completes | Handler::CompletesNext | Handler::FailsNext => Expected::Ok,
                 Handler::Fails => Expected::Failed,
                 Handler::Forgets => Expected::NotCompleted,
             }
@@ -65,7 +72,8 @@ fn expected(plan: &[Handler]) -> Vec<Expected> {
     out
 }
 
-fn run(plan: &[Handler]) -> Result<Vec<u32>, TestCaseError> {
+/// A store with queue `ship` of `Order`s (completed by a `Shipped`) and `n` orders in it.
+fn orders_queued(n: usize) -> Store {
     let store = Store::open_in_memory().unwrap();
     let done = Completion {
         type_name: "Shipped".into(),
@@ -74,13 +82,18 @@ fn run(plan: &[Handler]) -> Result<Vec<u32>, TestCaseError> {
     store
         .declare_queue(&QueueSpec::new("ship", "Order", vec![done]))
         .unwrap();
+    let orders: Vec<Fact> = (0..n as i64)
+        .map(|n| Fact::builder("Order").field("n", n).build().unwrap())
+        .collect();
+    store.insert_batch(orders).unwrap();
+    store
+}
+
+fn run(plan: &[Handler]) -> Result<Vec<u32>, TestCaseError> {
+    let store = orders_queued(plan.len());
     store
         .write(|w| w.sql().batch("CREATE TABLE effect (input BLOB NOT NULL)"))
         .unwrap();
-    let orders: Vec<Fact> = (0..plan.len() as i64)
-        .map(|n| Fact::builder("Order").field("n", n).build().unwrap())
-        .collect();
-    store.insert_batch(orders.clone()).unwrap();
     let leases = store.claim("ship", plan.len()).unwrap();
     prop_assert_eq!(leases.len(), plan.len());
     let index: HashMap<FactHash, usize> = leases
@@ -118,6 +131,15 @@ fn run(plan: &[Handler]) -> Result<Vec<u32>, TestCaseError> {
                     w.insert(&lease.completion().build()?)?;
                     if let Some(next) = leases.get(i + 1) {
                         w.insert(&shipped(&next.input.hash()))?;
+                    }
+                }
+                Handler::FailsNext => {
+                    w.insert(&lease.completion().build()?)?;
+                    if let Some(next) = leases.get(i + 1) {
+                        w.fail(
+                            next,
+                            &Failure::Transient("failed by the lease before".into()),
+                        )?;
                     }
                 }
             }
@@ -177,11 +199,16 @@ fn run(plan: &[Handler]) -> Result<Vec<u32>, TestCaseError> {
         );
     }
 
-    // The queue agrees: completed leases are gone, failed ones still leased.
+    // The queue agrees: completed leases are gone, failed ones still leased, and one that
+    // the lease before it failed is backing off.
     let stats = store.queue_stats("ship").unwrap();
     let ok = want.iter().filter(|w| **w == Expected::Ok).count();
     let lost = want.iter().filter(|w| **w == Expected::LeaseLost).count();
-    prop_assert_eq!(stats.completed as usize, ok + lost);
+    let failed_by_previous = (1..plan.len())
+        .filter(|&i| want[i] == Expected::LeaseLost && plan[i - 1] == Handler::FailsNext)
+        .count();
+    prop_assert_eq!(stats.completed as usize, ok + lost - failed_by_previous);
+    prop_assert_eq!(stats.ready + stats.delayed, failed_by_previous as u64);
     prop_assert_eq!(stats.leased as usize, plan.len() - ok - lost);
     Ok(calls)
 }
@@ -208,6 +235,47 @@ fn a_failure_replays_only_the_leases_before_it() {
 }
 
 #[test]
+fn a_lease_failed_by_an_earlier_handler_is_not_run() {
+    use Handler::*;
+    // The batch checks every lease before the first handler; the second lease is failed
+    // by the first handler, so its check no longer holds and its handler never runs.
+    assert_eq!(
+        run(&[FailsNext, Completes, Completes]).unwrap(),
+        vec![1, 0, 1]
+    );
+    assert_eq!(
+        run(&[Completes, CompletesNext, Completes]).unwrap(),
+        vec![1, 1, 0]
+    );
+}
+
+#[test]
 fn a_batch_without_failures_runs_each_handler_once() {
     assert_eq!(run(&[Handler::Completes; 20]).unwrap(), vec![1; 20]);
+}
+
+#[test]
+fn a_lost_lease_far_from_the_others_in_its_batch_is_found_lost() {
+    // The batch reads the item rows between its lowest and highest input, up to a bound;
+    // a lease past the bound is looked up on its own, and one that was lost stays lost.
+    let store = orders_queued(60);
+    let leases = store.claim("ship", 60).unwrap();
+    let (first, last) = (leases[0].clone(), leases[59].clone());
+    store
+        .fail(&last, Failure::Transient("given back".into()))
+        .unwrap();
+    let mut ran = Vec::new();
+    let results = store
+        .complete_batch(&[first.clone(), last.clone()], |w, lease| {
+            ran.push(lease.input.hash());
+            w.insert(&lease.completion().build()?).map(|_| ())
+        })
+        .unwrap();
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    assert!(
+        matches!(results[1], Err(Error::LeaseLost { .. })),
+        "{:?}",
+        results[1]
+    );
+    assert_eq!(ran, vec![first.input.hash()]);
 }

@@ -11,6 +11,7 @@
 use crate::error::{Error, Result};
 use crate::queue::Lease;
 use crate::queue::index::QueueDefs;
+use crate::queue::work::LeaseCheck;
 use crate::store::{Store, Writer};
 
 /// A handler's failure in the optimistic pass: the lease it failed on and its error.
@@ -69,6 +70,7 @@ impl Store {
             // The declarations are read once for the batch: none can change inside the
             // transaction (declaring is a transaction of its own).
             let defs = w.queue_defs()?;
+            let checked = LeaseCheck::new(w, &defs, leases)?;
             let mut results = Vec::with_capacity(leases.len());
             let mut from = 0;
             while from < leases.len() {
@@ -76,7 +78,7 @@ impl Store {
                 let mut pass = Vec::with_capacity(leases.len() - from);
                 let outcome = w.savepoint(|w| {
                     for (at, lease) in leases.iter().enumerate().skip(from) {
-                        match optimistic(w, &defs, lease, &mut handler) {
+                        match optimistic(w, &defs, (&checked, at), lease, &mut handler) {
                             Ok(result) => pass.push(result),
                             Err(error) => {
                                 failed = Some(Failed { at, error });
@@ -112,13 +114,14 @@ impl Store {
 fn optimistic(
     w: &mut Writer<'_>,
     defs: &QueueDefs,
+    checked: (&LeaseCheck, usize),
     lease: &Lease,
     handler: &mut impl FnMut(&mut Writer<'_>, &Lease) -> Result<()>,
 ) -> std::result::Result<Result<()>, Error> {
     let Some(q) = defs.by_name(&lease.queue) else {
         return Ok(Err(super::work::unknown(&lease.queue)));
     };
-    if let Err(refused) = w.lease_ready(lease, q.spec.semantics) {
+    if let Err(refused) = w.lease_ready_after(lease, q.spec.semantics, Some(checked)) {
         return Ok(Err(refused));
     }
     w.run_completion(lease, q.spec.semantics, |w| handler(w, lease))

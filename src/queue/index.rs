@@ -111,6 +111,12 @@ pub(crate) struct QueueTx {
     /// looking for the inputs it blocks. Forgotten when a savepoint rolls back, which may
     /// bring deleted blocks back.
     has_blocks: Vec<(i64, bool)>,
+    /// How many times this transaction changed the state or lease token of an item row
+    /// other than by ending its input (which `ended` records): a claim, a failure, a dead
+    /// letter or poison entry. Only ever goes up, also across a rolled-back savepoint, so
+    /// a lease checked when it stood at some value still holds while it stands there and
+    /// its input is not among the inputs ended since (see [`super::work::LeaseCheck`]).
+    pub(crate) item_updates: u64,
 }
 
 /// The queue index at work in one transaction: its reads and SQL, the clock reading, the
@@ -284,6 +290,7 @@ impl Ix<'_> {
                 };
                 let reason = text_field(fact, "reason");
                 if let Some(input_seq) = self.released_seq(&input)? {
+                    self.state.get::<QueueTx>().item_updates += 1;
                     self.tx.execute(
                         "UPDATE queue_item SET state = ?3, claimable_at = NULL, lease_token = NULL,
                                     last_error = ?4, entry = ?5

@@ -134,12 +134,14 @@ impl Writer<'_> {
         let completion = Arc::new(q.spec.completions[0].clone());
         while leases.len() < n {
             // The input's bytes come with its item row: one statement per claim, not one
-            // per claimed input.
+            // per claimed input. Its parameters are hidden from the planner (`?N + 0`; it
+            // looks through `+?N`): looking at them, SQLite would prepare the statement again
+            // at every claim.
             let rows: Vec<ClaimRow> = self.sql().query_vec(
                 "SELECT i.input, i.state, i.attempts, i.first_attempt_at, f.hash, f.bytes
                      FROM queue_item i LEFT JOIN fact f ON f.seq = i.input
-                     WHERE i.queue_id = ?1 AND i.claimable_at <= ?2
-                     ORDER BY i.claimable_at, i.input LIMIT ?3",
+                     WHERE i.queue_id = ?1 + 0 AND i.claimable_at <= ?2 + 0
+                     ORDER BY i.claimable_at, i.input LIMIT ?3 + 0",
                 args![q.id, now, (n - leases.len()) as i64],
                 |r| {
                     let fact = match r.value(4)? {
@@ -168,6 +170,7 @@ impl Writer<'_> {
                 }
                 let token = rng(self, |r| r.i64(..));
                 let expires = now + q.spec.lease_ms;
+                self.state::<QueueTx>().item_updates += 1;
                 self.sql()
                     .execute(concat!("UPDATE queue_item SET state = ", state_code!(Leased), ", attempts = attempts + 1,
                              first_attempt_at = coalesce(first_attempt_at, ?3), lease_token = ?4, claimable_at = ?5
@@ -228,8 +231,22 @@ impl Writer<'_> {
 
     /// Checks, before its handler runs, that `lease` still holds. Writes nothing.
     pub(super) fn lease_ready(&mut self, lease: &Lease, semantics: Semantics) -> Result<()> {
+        self.lease_ready_after(lease, semantics, None)
+    }
+
+    /// As [`Writer::lease_ready`], where `checked` may already know that the lease holds:
+    /// then it is not looked up again.
+    pub(super) fn lease_ready_after(
+        &mut self,
+        lease: &Lease,
+        semantics: Semantics,
+        checked: Option<(&LeaseCheck, usize)>,
+    ) -> Result<()> {
         if semantics == Semantics::AtLeastOnce {
-            self.check_lease(lease)?;
+            let known = checked.is_some_and(|(c, at)| c.still_holds(self, lease, at));
+            if !known {
+                self.check_lease(lease)?;
+            }
             // The lease holds, so its input is released as `lease.seq`: the completing
             // fact the handler writes names it, and its insert need not look it up.
             self.assume_released(&lease.claimed, lease.seq)?;
@@ -307,6 +324,7 @@ impl Writer<'_> {
                     )?));
                 }
                 let at = now + q.spec.backoff_ms(attempts as u32, rng(self, |r| r.f64()));
+                self.state::<QueueTx>().item_updates += 1;
                 self.sql().execute(
                     concat!(
                         "UPDATE queue_item SET state = ",
@@ -319,6 +337,99 @@ impl Writer<'_> {
                 Ok(FailOutcome::Retry { at_ms: at })
             }
         }
+    }
+}
+
+/// The leases of a batch, checked together before the first handler runs: one statement
+/// per queue instead of one per lease.
+///
+/// A lease found held then still holds when its turn comes unless this transaction has
+/// since changed an item row other than by ending an input (a claim, a failure, a dead
+/// letter: `QueueTx::item_updates` moved) or ended the lease's own input. In either case,
+/// and for a lease the statement did not reach, the lease is looked up on its own, so a
+/// handler never runs for a lease that was lost.
+pub(super) struct LeaseCheck {
+    held: Vec<bool>,
+    item_updates: u64,
+    ended: usize,
+}
+
+impl LeaseCheck {
+    /// How many item rows the statement may read per lease checked: the rows between the
+    /// lowest and highest input of a batch are mostly the batch's own (a claim takes the
+    /// oldest ready inputs), and past this bound the rest are looked up one by one.
+    const ROWS_PER_LEASE: usize = 4;
+
+    /// Checks `leases` of at-least-once queues (the others are never looked up).
+    pub(super) fn new(
+        w: &mut Writer<'_>,
+        defs: &QueueDefs,
+        leases: &[Lease],
+    ) -> Result<LeaseCheck> {
+        let mut held = vec![false; leases.len()];
+        let at_least_once = |l: &Lease| {
+            defs.by_name(&l.queue)
+                .is_some_and(|q| q.id == l.queue_id && q.spec.semantics == Semantics::AtLeastOnce)
+        };
+        let mut queues: Vec<i64> = leases
+            .iter()
+            .filter(|l| at_least_once(l))
+            .map(|l| l.queue_id)
+            .collect();
+        queues.sort_unstable();
+        queues.dedup();
+        for queue in queues {
+            let mine = || {
+                leases
+                    .iter()
+                    .filter(|l| l.queue_id == queue && at_least_once(l))
+            };
+            let (count, low, high) = mine().fold((0, i64::MAX, i64::MIN), |(n, lo, hi), l| {
+                (n + 1, lo.min(l.seq), hi.max(l.seq))
+            });
+            let limit = count * Self::ROWS_PER_LEASE + 16;
+            // The parameters are hidden from the planner (`?N + 0`), which would otherwise
+            // prepare the statement again at every batch.
+            let rows: Vec<(i64, i64, Option<i64>)> = w.sql().query_vec(
+                "SELECT input, state, lease_token FROM queue_item
+                 WHERE queue_id = ?1 + 0 AND input >= ?2 + 0 AND input <= ?3 + 0
+                 ORDER BY input LIMIT ?4 + 0",
+                args![queue, low, high, limit as i64],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+            // Past the last row read, when the limit cut the statement short, nothing is
+            // known.
+            let reached = if rows.len() < limit {
+                high
+            } else {
+                rows.last().map_or(i64::MIN, |r| r.0)
+            };
+            for (at, l) in leases.iter().enumerate() {
+                if l.queue_id != queue || l.seq > reached || !at_least_once(l) {
+                    continue;
+                }
+                held[at] = rows.binary_search_by_key(&l.seq, |r| r.0).is_ok_and(|i| {
+                    rows[i].1 == ItemState::Leased.code() && rows[i].2 == Some(l.token)
+                });
+            }
+        }
+        let qtx = w.state::<QueueTx>();
+        Ok(LeaseCheck {
+            held,
+            item_updates: qtx.item_updates,
+            ended: qtx.ended.len(),
+        })
+    }
+
+    /// Whether lease `at` of the batch is known to hold now, without a lookup.
+    fn still_holds(&self, w: &mut Writer<'_>, lease: &Lease, at: usize) -> bool {
+        if !self.held.get(at).copied().unwrap_or(false) {
+            return false;
+        }
+        let qtx = w.state::<QueueTx>();
+        qtx.item_updates == self.item_updates
+            && qtx.ended.len() >= self.ended
+            && !qtx.ended[self.ended..].contains(&(lease.queue_id, lease.seq))
     }
 }
 
