@@ -8,6 +8,8 @@
 //! - `postgres/`: the PostgreSQL backend (feature `postgres`), the same behaviour with
 //!   concurrent writers on many hosts.
 //! - `types.rs`: the values the core hands out.
+//! - `steps.rs`, `shared.rs`: what the backends share beyond the seam (the steps of an
+//!   insert, the rules of `verify`, prefixes and schema versions).
 //! - `held.rs`: dropping held facts that will never be released.
 //!
 //! The core knows nothing of what is built on it: queues (`src/queue/`), sync
@@ -26,7 +28,9 @@ mod backend;
 mod held;
 #[cfg(feature = "postgres")]
 mod postgres;
+pub(crate) mod shared;
 mod sqlite;
+pub(crate) mod steps;
 mod types;
 
 use std::any::{Any, TypeId};

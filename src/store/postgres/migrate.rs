@@ -48,21 +48,8 @@ fn version(client: &mut impl GenericClient) -> Result<u32> {
 /// Applies the migrations the database lacks.
 pub(super) fn migrate(client: &mut Client, url: &str, read_only: bool) -> Result<()> {
     let found = version(client)?;
-    if found > PG_SCHEMA_VERSION {
-        return Err(Error::SchemaTooNew {
-            supported: PG_SCHEMA_VERSION,
-            found,
-        });
-    }
-    if found == PG_SCHEMA_VERSION {
+    if !crate::store::shared::needs_migration(found, PG_SCHEMA_VERSION, read_only, url.as_ref())? {
         return Ok(());
-    }
-    if read_only {
-        return Err(Error::NeedsMigration {
-            path: url.into(),
-            found,
-            supported: PG_SCHEMA_VERSION,
-        });
     }
     let mut tx = client.transaction().map_err(backend)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])

@@ -1,8 +1,6 @@
 //! Reads on PostgreSQL: by hash or prefix, along edges, by type, held facts, export in
 //! pages, stats, plans.
 
-use postgres::types::ToSql;
-
 use super::conn::Tx;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
@@ -30,21 +28,6 @@ pub(crate) fn hash_at(row: &postgres::Row, i: usize) -> Result<FactHash> {
 /// The fact in columns `(hash, bytes)` starting at `i`.
 fn fact_at_col(row: &postgres::Row, i: usize) -> Result<Fact> {
     decode(&hash_at(row, i)?, row.get(i + 1))
-}
-
-impl Tx<'_> {
-    /// Facts `(hash, bytes)` of a statement, to `f`, in its order.
-    fn facts(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        f: &mut dyn FnMut(Fact) -> Result<()>,
-    ) -> Result<()> {
-        for row in self.rows(sql, params)? {
-            f(fact_at_col(&row, 0)?)?;
-        }
-        Ok(())
-    }
 }
 
 impl ReadTx for Tx<'_> {
@@ -100,21 +83,7 @@ impl ReadTx for Tx<'_> {
                 found.push(hash_at(&row, 0)?);
             }
         }
-        found.sort();
-        found.dedup();
-        match found.len() {
-            0 => Err(Error::UnknownPrefix {
-                prefix: prefix.text(),
-            }),
-            1 => Ok(found[0]),
-            _ => {
-                found.truncate(10);
-                Err(Error::AmbiguousPrefix {
-                    prefix: prefix.text(),
-                    candidates: found,
-                })
-            }
-        }
+        crate::store::shared::resolved(prefix, found)
     }
 
     fn name_id(&self, role: bool, name: &str) -> Result<Option<i64>> {
@@ -126,35 +95,29 @@ impl ReadTx for Tx<'_> {
     }
 
     fn successors(&self, seq: i64, role: Option<i64>, type_id: Option<i64>) -> Result<Vec<Fact>> {
-        let mut out = Vec::new();
-        let mut push = |f| {
-            out.push(f);
-            Ok(())
-        };
-        match (role, type_id) {
-            (Some(role), Some(ty)) => self.facts(
+        // With a role, one range of the edge key; through any role a fact may be a
+        // successor several times, hence `IN`.
+        let rows = match (role, type_id) {
+            (Some(role), Some(ty)) => self.rows(
                 "SELECT f.hash, f.bytes FROM edge e JOIN fact f ON f.seq = e.successor
                  WHERE e.predecessor = $1 AND e.role_id = $2 AND e.successor_type = $3
                  ORDER BY f.seq",
                 &[&seq, &role, &ty],
-                &mut push,
             )?,
-            (Some(role), None) => self.facts(
+            (Some(role), None) => self.rows(
                 "SELECT f.hash, f.bytes FROM edge e JOIN fact f ON f.seq = e.successor
                  WHERE e.predecessor = $1 AND e.role_id = $2 ORDER BY f.seq",
                 &[&seq, &role],
-                &mut push,
             )?,
-            (None, ty) => self.facts(
+            (None, ty) => self.rows(
                 "SELECT f.hash, f.bytes FROM fact f WHERE f.seq IN (
                      SELECT e.successor FROM edge e WHERE e.predecessor = $1
                        AND ($2::bigint IS NULL OR e.successor_type = $2))
                  ORDER BY f.seq",
                 &[&seq, &ty],
-                &mut push,
             )?,
-        }
-        Ok(out)
+        };
+        rows.iter().map(|r| fact_at_col(r, 0)).collect()
     }
 
     fn walk(&self, seq: i64, up: bool) -> Result<Vec<FactHash>> {

@@ -4,14 +4,15 @@
 //! `integrity_check`; its own page checksums (`initdb -k`) and `amcheck` are the
 //! operator's.
 
-use std::collections::BTreeSet;
-
 use super::conn::Tx;
 use super::read::decode;
 use crate::error::Result;
 use crate::hash::FactHash;
 use crate::store::VerifyReport;
 use crate::store::backend::ReadTx;
+use crate::store::shared::{
+    EdgeRow, HeldTotals, check_edges, check_held, check_held_totals, check_type,
+};
 
 /// Facts checked per statement.
 const PAGE: i64 = 2048;
@@ -62,68 +63,23 @@ impl Tx<'_> {
                 return Ok(());
             }
         };
-        let type_name: Option<&str> = row.get(3);
-        if type_name != Some(fact.type_name()) {
-            report.problem(
-                Some(hash),
-                format!(
-                    "type column says {type_name:?}, bytes say {:?}",
-                    fact.type_name()
-                ),
-            );
-        }
-        let type_id: i64 = row.get(4);
-        let mut edges = BTreeSet::new();
-        for e in self.rows(
-            "SELECT r.name, p.hash, p.seq, e.predecessor_type, p.type_id, e.successor_type
-             FROM edge e JOIN role r ON r.id = e.role_id JOIN fact p ON p.seq = e.predecessor
-             WHERE e.successor = $1",
-            &[&seq],
-        )? {
-            let (role, pred): (String, Vec<u8>) = (e.get(0), e.get(1));
-            let pseq: i64 = e.get(2);
-            if pseq >= seq {
-                report.problem(
-                    Some(hash),
-                    format!("predecessor seq {pseq} is not below its own seq {seq}"),
-                );
-            }
-            let (edge_pred, pred_type, edge_succ): (i64, i64, i64) = (e.get(3), e.get(4), e.get(5));
-            if edge_pred != pred_type || edge_succ != type_id {
-                report.problem(
-                    Some(hash),
-                    format!(
-                        "edge to {} (role {role}) gives types {edge_pred} -> {edge_succ}, \
-                         the facts have {pred_type} -> {type_id}",
-                        hex::encode(&pred)
-                    ),
-                );
-            }
-            edges.insert((role, pred));
-        }
-        let named: BTreeSet<(String, Vec<u8>)> = fact
-            .predecessors()
+        check_type(report, hash, &fact, row.get(3));
+        let edges = self
+            .rows(
+                "SELECT r.name, p.hash, p.seq, e.predecessor_type, p.type_id, e.successor_type
+                 FROM edge e JOIN role r ON r.id = e.role_id JOIN fact p ON p.seq = e.predecessor
+                 WHERE e.successor = $1",
+                &[&seq],
+            )?
             .iter()
-            .flat_map(|(role, set)| set.iter().map(move |h| (role.clone(), h.0.to_vec())))
+            .map(|e| EdgeRow {
+                role: e.get(0),
+                predecessor: e.get(1),
+                predecessor_seq: e.get(2),
+                types: [e.get(3), e.get(4), e.get(5)],
+            })
             .collect();
-        for (role, p) in named.difference(&edges) {
-            report.problem(
-                Some(hash),
-                format!(
-                    "predecessor {} (role {role}) is not released before it",
-                    hex::encode(p)
-                ),
-            );
-        }
-        for (role, p) in edges.difference(&named) {
-            report.problem(
-                Some(hash),
-                format!(
-                    "edge to {} (role {role}) that its bytes do not name",
-                    hex::encode(p)
-                ),
-            );
-        }
+        check_edges(report, hash, &fact, (seq, row.get(4)), edges);
         Ok(())
     }
 
@@ -164,51 +120,25 @@ impl Tx<'_> {
                     continue;
                 }
             };
-            if self.seq_of(&hash)?.is_some() {
-                report.problem(Some(hash), "both held and released");
-            }
-            let mut absent = BTreeSet::new();
-            for p in fact.predecessor_hashes() {
-                if self.seq_of(&p)?.is_none() {
-                    absent.insert(p);
-                }
-            }
-            if absent.is_empty() {
-                report.problem(Some(hash), "held although every predecessor is released");
-            }
             let id: i64 = row.get(3);
-            for p in &absent {
-                let waits = self.row(
-                    "SELECT 1 FROM held_wait WHERE missing = $1 AND waiter = $2
-                     UNION ALL SELECT 1 FROM held_child c JOIN held h ON h.id = c.parent
-                     WHERE h.hash = $1 AND c.waiter = $2",
-                    &[&&p.0[..], &id],
-                )?;
-                if waits.is_none() {
-                    report.problem(
-                        Some(hash),
-                        format!("does not wait for absent predecessor {p}"),
-                    );
-                }
-            }
-            let missing: i64 = row.get(2);
-            if missing != absent.len() as i64 {
-                report.problem(
-                    Some(hash),
-                    format!(
-                        "missing count {missing} but {} predecessors are absent",
-                        absent.len()
-                    ),
-                );
-            }
+            let missing = check_held(
+                report,
+                hash,
+                &fact,
+                row.get(2),
+                &mut |h| Ok(self.seq_of(h)?.is_some()),
+                &mut |p| {
+                    Ok(self
+                        .row(
+                            "SELECT 1 FROM held_wait WHERE missing = $1 AND waiter = $2
+                             UNION ALL SELECT 1 FROM held_child c JOIN held h ON h.id = c.parent
+                             WHERE h.hash = $1 AND c.waiter = $2",
+                            &[&&p.0[..], &id],
+                        )?
+                        .is_some())
+                },
+            )?;
             wait_rows += missing;
-        }
-        let counter = self.held_count()? as i64;
-        if counter != report.held as i64 {
-            report.problem(
-                None,
-                format!("held counter says {counter}, table has {}", report.held),
-            );
         }
         let row = self.rows(
             "SELECT
@@ -220,19 +150,16 @@ impl Tx<'_> {
                      OR NOT EXISTS (SELECT 1 FROM held h WHERE h.id = c.parent))",
             &[],
         )?;
-        let (twice, rows, orphans): (i64, i64, i64) = (row[0].get(0), row[0].get(1), row[0].get(2));
-        if twice > 0 {
-            report.problem(None, format!("{twice} hashes are held more than once"));
-        }
-        if orphans > 0 {
-            report.problem(None, format!("{orphans} wait rows name no held fact"));
-        }
-        if rows != wait_rows {
-            report.problem(
-                None,
-                format!("{rows} wait rows, but held facts miss {wait_rows} predecessors"),
-            );
-        }
+        check_held_totals(
+            report,
+            HeldTotals {
+                counter: self.held_count()? as i64,
+                twice: row[0].get(0),
+                rows: row[0].get(1),
+                orphans: row[0].get(2),
+                missing: wait_rows,
+            },
+        );
         Ok(())
     }
 }

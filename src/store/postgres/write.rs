@@ -18,9 +18,13 @@ use super::{PgBackend, WRITE_LOCK};
 use crate::dag;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
-use crate::hash::{FactHash, HashPrefix};
-use crate::store::backend::{Arg, Dialect, EachReleased, HookRunner, ReadTx, Row, Sql, WriteTx};
-use crate::store::{BatchReport, HeldFact, InsertOutcome, Stats, StoredFact, VerifyReport};
+use crate::hash::FactHash;
+use crate::store::backend::{HookRunner, ReadTx, WriteTx};
+use crate::store::steps::{
+    Assumed, BatchHeld, Missing, Pred, batch_order, held_fact, released_predecessors,
+    split_predecessors, tally,
+};
+use crate::store::{BatchReport, InsertOutcome};
 
 /// What the write lock guards, read when it is taken.
 #[derive(Clone, Copy, Debug, Default)]
@@ -30,9 +34,6 @@ pub(super) struct Locked {
     /// The last release sequence number given.
     pub(super) seq: i64,
 }
-
-/// A predecessor of a fact being released: role, hash, seq, type id.
-type Pred<'f> = (&'f str, FactHash, i64, i64);
 
 /// The write transaction of a PostgreSQL store.
 pub(crate) struct PgWrite<'a> {
@@ -45,60 +46,15 @@ pub(crate) struct PgWrite<'a> {
     /// `locked` at each open savepoint (rolling one back gives back a lock taken in it).
     savepoints: Vec<Option<Locked>>,
     /// During a batch, its facts that are held, with their `held` row ids.
-    batch_held: Option<HashMap<FactHash, i64, dag::BuildFactHasher>>,
+    batch_held: Option<BatchHeld>,
     /// Facts the caller said are released, as (seq, type id).
-    assumed: HashMap<FactHash, (i64, i64), dag::BuildFactHasher>,
+    assumed: Assumed,
 }
 
-impl Sql for PgWrite<'_> {
-    fn dialect(&self) -> Dialect {
-        Dialect::Postgres
-    }
-    fn execute(&self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
-        self.tx.execute(sql, args)
-    }
-    fn query(
-        &self,
-        sql: &str,
-        args: &[Arg<'_>],
-        f: &mut dyn FnMut(&Row<'_>) -> Result<()>,
-    ) -> Result<()> {
-        self.tx.query(sql, args, f)
-    }
-    fn batch(&self, sql: &str) -> Result<()> {
-        self.tx.batch(sql)
-    }
-}
-
-/// The read side, as the transaction's [`Tx`] has it.
-macro_rules! reads_of_tx {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
-        $(fn $name(&self, $($arg: $ty),*) -> $ret {
-            self.tx.$name($($arg),*)
-        })*
-    };
-}
+crate::store::shared::forward_to_tx!(sql PgWrite<'_>);
 
 impl ReadTx for PgWrite<'_> {
-    reads_of_tx! {
-        get(hash: &FactHash) -> Result<Option<Fact>>;
-        lookup(hash: &FactHash) -> Result<Option<StoredFact>>;
-        fact_at(seq: i64) -> Result<Option<Fact>>;
-        seq_of(hash: &FactHash) -> Result<Option<i64>>;
-        resolve_prefix(prefix: &HashPrefix) -> Result<FactHash>;
-        name_id(role: bool, name: &str) -> Result<Option<i64>>;
-        names(role: bool) -> Result<Vec<String>>;
-        successors(seq: i64, role: Option<i64>, type_id: Option<i64>) -> Result<Vec<Fact>>;
-        walk(seq: i64, up: bool) -> Result<Vec<FactHash>>;
-        for_each_of_type(type_id: i64, f: &mut dyn FnMut(Fact) -> Result<()>) -> Result<()>;
-        held(limit: usize) -> Result<Vec<HeldFact>>;
-        for_each_released(after: i64, upto: i64, f: &mut EachReleased<'_>) -> Result<()>;
-        released_types(after: i64) -> Result<Vec<(i64, i64)>>;
-        plan(sql: &str, args: &[Arg<'_>]) -> Result<Vec<String>>;
-        last_seq() -> Result<i64>;
-        stats() -> Result<Stats>;
-        verify(progress: &mut dyn FnMut(u64)) -> Result<VerifyReport>;
-    }
+    crate::store::shared::forward_to_tx!(reads);
 
     fn held_count(&self) -> Result<u64> {
         match self.locked {
@@ -238,27 +194,11 @@ impl<'a> PgWrite<'a> {
 
     /// See [`crate::Store::insert`]: as on SQLite, a new fact is not looked up first.
     fn insert_one(&mut self, fact: &Fact, hooks: &mut HookRunner<'_>) -> Result<InsertOutcome> {
-        let mut preds: Vec<Pred<'_>> = Vec::with_capacity(4);
-        let mut missing: Vec<(FactHash, Option<i64>)> = Vec::new();
-        for (role, set) in fact.predecessors() {
-            for hash in set {
-                if let Some(&id) = self.batch_held.as_ref().and_then(|b| b.get(hash)) {
-                    missing.push((*hash, Some(id)));
-                    continue;
-                }
-                let found = match self.assumed.get(hash) {
-                    Some(&known) => Some(known),
-                    None => self.released(hash)?,
-                };
-                match found {
-                    Some((seq, ty)) => preds.push((role.as_str(), *hash, seq, ty)),
-                    None => missing.push((*hash, None)),
-                }
-            }
-        }
+        let (preds, missing) =
+            split_predecessors(fact, self.batch_held.as_ref(), &self.assumed, &mut |h| {
+                self.released(h)
+            })?;
         if !missing.is_empty() {
-            missing.sort_unstable();
-            missing.dedup_by_key(|m| m.0);
             return self.hold(fact, missing);
         }
         match self.write_released(fact, &preds, hooks)? {
@@ -275,43 +215,16 @@ impl<'a> PgWrite<'a> {
     /// See [`crate::Writer::insert_batch`]: the SQLite backend's steps.
     fn insert_many(&mut self, facts: Vec<Fact>, hooks: &mut HookRunner<'_>) -> Result<BatchReport> {
         let mut report = BatchReport::default();
-        let mut redelivered = false;
-        for f in facts.iter().take(8) {
-            if self.tx.seq_of(&f.hash())?.is_some() {
-                redelivered = true;
-                break;
-            }
-        }
-        let mut fresh = Vec::with_capacity(facts.len());
-        for f in facts {
-            if redelivered && self.tx.seq_of(&f.hash())?.is_some() {
-                report.duplicates += 1;
-            } else {
-                fresh.push(f);
-            }
-        }
-        let given = fresh.len() as u64;
-        let ordered = if dag::is_release_ordered(&fresh) {
-            fresh
-        } else {
-            dag::release_order(fresh)
-        };
-        report.duplicates += given - ordered.len() as u64;
+        let ordered = batch_order(facts, &mut report, &mut |h| {
+            Ok(self.tx.seq_of(h)?.is_some())
+        })?;
         self.batch_held = Some(HashMap::with_hasher(dag::BuildFactHasher));
         let mut outcome = Ok(());
         for fact in &ordered {
-            match self.insert_one(fact, hooks) {
-                Ok(InsertOutcome::Inserted { released, .. }) => {
-                    report.inserted += 1;
-                    report.released += released;
-                }
-                Ok(InsertOutcome::Duplicate { .. }) => report.duplicates += 1,
-                Ok(InsertOutcome::Held { .. }) => report.held += 1,
-                Err(Error::HeldLimit { hash, .. }) => report.refused.push(hash),
-                Err(e) => {
-                    outcome = Err(e);
-                    break;
-                }
+            let one = self.insert_one(fact, hooks);
+            outcome = tally(&mut report, one);
+            if outcome.is_err() {
+                break;
             }
         }
         self.batch_held = None;
@@ -338,11 +251,7 @@ impl<'a> PgWrite<'a> {
 
     /// Holds `fact` waiting for `missing` (with the held row id of each that is held in
     /// this batch: that wait goes to `held_child`; the others to `held_wait`).
-    fn hold(
-        &mut self,
-        fact: &Fact,
-        missing: Vec<(FactHash, Option<i64>)>,
-    ) -> Result<InsertOutcome> {
+    fn hold(&mut self, fact: &Fact, missing: Vec<Missing>) -> Result<InsertOutcome> {
         let hash = fact.hash();
         if self.held_id(&hash)?.is_some() {
             return Ok(InsertOutcome::Duplicate { seq: None });
@@ -492,25 +401,8 @@ impl<'a> PgWrite<'a> {
         arrived: (FactHash, (i64, i64)),
         hooks: &mut HookRunner<'_>,
     ) -> Result<(i64, i64)> {
-        let fact =
-            crate::encoding::decode_fact(bytes, Some(*hash)).map_err(|e| Error::Corrupt {
-                hash: *hash,
-                reason: format!("held bytes do not decode: {e}"),
-            })?;
-        let mut preds = Vec::new();
-        for (role, set) in fact.predecessors() {
-            for p in set {
-                let at = if *p == arrived.0 {
-                    arrived.1
-                } else {
-                    self.released(p)?.ok_or_else(|| Error::Corrupt {
-                        hash: *hash,
-                        reason: format!("released while predecessor {p} is absent"),
-                    })?
-                };
-                preds.push((role.as_str(), *p, at.0, at.1));
-            }
-        }
+        let fact = held_fact(hash, bytes)?;
+        let preds = released_predecessors(hash, &fact, arrived, &mut |p| self.released(p))?;
         self.add_held(-1);
         if let Some(batch) = &mut self.batch_held {
             batch.remove(hash);
