@@ -4,6 +4,7 @@
 #[cfg(feature = "cli")]
 pub mod bin;
 pub mod db;
+pub mod pg;
 #[cfg(feature = "cli")]
 pub mod process;
 #[cfg(feature = "cli")]

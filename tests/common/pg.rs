@@ -1,0 +1,373 @@
+//! A throwaway PostgreSQL cluster for the tests that run on PostgreSQL.
+//!
+//! Started once per test binary (the first [`db`] call): `initdb` into a temporary folder
+//! as an unprivileged user (PostgreSQL refuses to run as root: under root the server runs
+//! as the `postgres` system user of Debian's package, else `nobody`, with the folder given
+//! to it), trust authentication on 127.0.0.1 and on a socket inside the folder, a free
+//! port, `fsync=off`. Each test gets a fresh database of its own ([`db`]). The server is
+//! stopped by its PID and the folder removed when the test process exits (`atexit`).
+//!
+//! Without PostgreSQL's binaries (`pg_config --bindir`, `/usr/lib/postgresql/*/bin`) [`db`]
+//! prints a loud `SKIPPED: PostgreSQL not installed` line and returns `None`, so the test
+//! returns early; with the environment variable `CI` set it panics instead: under CI a
+//! skip is a failure.
+//!
+//! The harness needs no PostgreSQL driver: it creates databases and runs setup SQL with
+//! `psql`, so any test binary can use it whatever the crate's features.
+//!
+//! ```ignore
+//! let Some(db) = common::pg::db() else { return };
+//! let store = Store::open_with(&db.url, StoreOptions::default())?;
+//! ```
+
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The role with a password, refused anything but scram-sha-256 on TCP (for the tests
+/// of a wrong password).
+pub const PASSWORD_USER: &str = "pw_user";
+/// Its password.
+pub const PASSWORD: &str = "s3cret";
+
+/// The running cluster of this test process.
+pub struct Cluster {
+    /// The folder with PostgreSQL's programs.
+    pub bindir: PathBuf,
+    /// The temporary folder: data directory `data/`, sockets, log.
+    pub dir: PathBuf,
+    /// The TCP port on 127.0.0.1.
+    pub port: u16,
+    /// The uid and gid the server runs as (`None`: as this process).
+    user: Option<(u32, u32)>,
+    server: Mutex<Option<Child>>,
+}
+
+/// A fresh database of one test, on the cluster.
+pub struct PgDb {
+    /// Its name.
+    pub name: String,
+    /// `postgres://postgres@127.0.0.1:PORT/NAME`.
+    pub url: String,
+    /// The cluster it is on.
+    pub cluster: &'static Cluster,
+}
+
+impl PgDb {
+    /// Runs `sql` on this database with `psql` (as the superuser) and returns what it
+    /// printed, unaligned and without headers; panics if psql fails.
+    pub fn psql(&self, sql: &str) -> String {
+        self.cluster.psql(&self.name, sql)
+    }
+
+    /// The URL of this database for [`PASSWORD_USER`] with `password`, over TCP where
+    /// the password is checked.
+    pub fn url_with_password(&self, password: &str) -> String {
+        format!(
+            "postgres://{PASSWORD_USER}:{password}@127.0.0.1:{}/{}",
+            self.cluster.port, self.name
+        )
+    }
+}
+
+/// PID of the running server, for the exit handler.
+static SERVER_PID: AtomicI32 = AtomicI32::new(0);
+/// The folder to remove at exit.
+static DIR: OnceLock<PathBuf> = OnceLock::new();
+
+/// A fresh, empty database on this process's cluster (started on first use), or `None`
+/// (after a loud `SKIPPED` line on stderr) when PostgreSQL is not installed. Under `CI`
+/// a missing PostgreSQL panics.
+pub fn db() -> Option<PgDb> {
+    let cluster = cluster()?;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        "t{}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        fastrand::u32(..)
+    );
+    // Owned by the password user, so that it may create the schema too (PostgreSQL 15
+    // lets only the owner create in `public`); the superuser may do anything anyway.
+    cluster.psql(
+        "postgres",
+        &format!("CREATE DATABASE {name} OWNER {PASSWORD_USER}"),
+    );
+    Some(PgDb {
+        url: format!("postgres://postgres@127.0.0.1:{}/{name}", cluster.port),
+        name,
+        cluster,
+    })
+}
+
+/// This process's cluster, started on first call; `None` when PostgreSQL is not
+/// installed (see [`db`]).
+pub fn cluster() -> Option<&'static Cluster> {
+    static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| match find_bindir() {
+            Some(bindir) => Some(Cluster::start(bindir)),
+            None => {
+                let line = "SKIPPED: PostgreSQL not installed (no pg_config --bindir, no \
+                            /usr/lib/postgresql/*/bin): the PostgreSQL tests did not run";
+                if std::env::var_os("CI").is_some() {
+                    panic!("{line}; under CI that is a failure");
+                }
+                let _ = writeln!(std::io::stderr(), "\n*** {line} ***\n");
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// A URL on which no server listens (a port just freed), for the tests of a server that
+/// is down.
+pub fn down_url() -> String {
+    format!("postgres://postgres@127.0.0.1:{}/postgres", free_port())
+}
+
+fn find_bindir() -> Option<PathBuf> {
+    let has = |d: &Path| d.join("initdb").is_file() && d.join("postgres").is_file();
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
+        && out.status.success()
+    {
+        let d = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if has(&d) {
+            return Some(d);
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| Some(e.ok()?.path().join("bin")))
+        .filter(|d| has(d))
+        .collect();
+    // The newest major version.
+    found.sort_by_key(|d| {
+        d.parent()
+            .and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    found.pop()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The uid and gid to run the server as when this process is root.
+fn server_user() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    for name in [c"postgres", c"nobody"] {
+        // SAFETY: a valid C string; the result is read at once, before any other
+        // getpw* call (tests start the cluster under a OnceLock).
+        let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+        if !pw.is_null() {
+            // SAFETY: non-null, points to a passwd record.
+            let pw = unsafe { &*pw };
+            return Some((pw.pw_uid, pw.pw_gid));
+        }
+    }
+    panic!("running as root, and neither a postgres nor a nobody user to run PostgreSQL as");
+}
+
+extern "C" fn stop_at_exit() {
+    let pid = SERVER_PID.load(Ordering::SeqCst);
+    if pid > 0 {
+        stop_pid(pid);
+    }
+    if let Some(dir) = DIR.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Immediate shutdown of the server `pid`, waiting up to 10 s for it to go.
+fn stop_pid(pid: i32) {
+    // SAFETY: signalling and reaping a child process by its pid.
+    unsafe {
+        libc::kill(pid, libc::SIGQUIT);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let mut status = 0;
+            let r = libc::waitpid(pid, &mut status, libc::WNOHANG);
+            if r == pid || (r < 0 && libc::kill(pid, 0) != 0) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+}
+
+fn chown_all(path: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+}
+
+impl Cluster {
+    fn start(bindir: PathBuf) -> Cluster {
+        let dir = std::env::temp_dir().join(format!(
+            "precedent-pg-{}-{:x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _ = DIR.set(dir.clone());
+        // SAFETY: registers a plain extern "C" function.
+        unsafe { libc::atexit(stop_at_exit) };
+        let user = server_user();
+        if let Some((uid, gid)) = user {
+            chown_all(&dir, uid, gid);
+        }
+        let mut initdb = Command::new(bindir.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
+            .args(["--locale", "C"])
+            .stdout(Stdio::null());
+        as_user(&mut initdb, user);
+        let out = initdb.output().expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The password user on TCP needs its password; every other connection is trusted.
+        std::fs::write(
+            dir.join("data/pg_hba.conf"),
+            format!(
+                "local all all trust\n\
+                 host all {PASSWORD_USER} 127.0.0.1/32 scram-sha-256\n\
+                 host all all 127.0.0.1/32 trust\n"
+            ),
+        )
+        .unwrap();
+        let cluster = Cluster {
+            bindir,
+            dir,
+            port: free_port(),
+            user,
+            server: Mutex::new(None),
+        };
+        cluster.spawn();
+        cluster.psql(
+            "postgres",
+            &format!("CREATE ROLE {PASSWORD_USER} LOGIN PASSWORD '{PASSWORD}'"),
+        );
+        cluster
+    }
+
+    /// Starts the server and waits until it takes connections.
+    fn spawn(&self) {
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .unwrap();
+        if let Some((uid, gid)) = self.user {
+            chown_all(&self.dir.join("server.log"), uid, gid);
+        }
+        let mut cmd = Command::new(self.bindir.join("postgres"));
+        cmd.arg("-D")
+            .arg(self.dir.join("data"))
+            .arg("-k")
+            .arg(&self.dir)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+            .args(["-c", "full_page_writes=off", "-c", "max_connections=300"])
+            .args(["-c", "shared_buffers=32MB"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        as_user(&mut cmd, self.user);
+        let child = cmd.spawn().expect("start postgres");
+        SERVER_PID.store(child.id() as i32, Ordering::SeqCst);
+        *self.server.lock().unwrap() = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ok = Command::new(self.bindir.join("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return;
+            }
+            if let Some(status) = self
+                .server
+                .lock()
+                .unwrap()
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "postgres exited ({status}) at start: {}",
+                    std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not start in 60 s: {}",
+                std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the server (immediate shutdown: as a crash would, every connection cut).
+    pub fn stop(&self) {
+        if let Some(child) = self.server.lock().unwrap().take() {
+            SERVER_PID.store(0, Ordering::SeqCst);
+            stop_pid(child.id() as i32);
+        }
+    }
+
+    /// Starts the server again after [`Cluster::stop`], on the same port.
+    pub fn start_again(&self) {
+        if self.server.lock().unwrap().is_none() {
+            self.spawn();
+        }
+    }
+
+    /// Runs `sql` on database `db` with `psql` as the superuser, over the socket;
+    /// returns its output (unaligned, no headers); panics if psql fails.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let out = Command::new(self.bindir.join("psql"))
+            .arg("-h")
+            .arg(&self.dir)
+            .args(["-p", &self.port.to_string(), "-U", "postgres", "-d", db])
+            .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql {sql:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/DB`.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+}
+
+fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) {
+    if let Some((uid, gid)) = user {
+        cmd.uid(uid).gid(gid);
+        // PostgreSQL reads its home, locale and temp settings from the environment.
+        cmd.env("HOME", "/tmp").env_remove("PGDATA");
+    }
+}
