@@ -24,6 +24,7 @@ use super::QueryError;
 use super::model::*;
 use crate::fact::{Fact, Value};
 use crate::hash::FactHash;
+use crate::predicate::Number;
 use crate::store::Dialect;
 
 /// A parameter, bound when the statement runs. Type and role names are looked up then
@@ -218,7 +219,10 @@ impl Compiler {
             // No edge between them (`o = p`): the type is checked in `fact_by_type (type_id,
             // seq)`, whose pages stay cached; SQLite reads the row only if a column needs it.
             let f = self.alias("f");
-            from.push(format!("fact {f} INDEXED BY fact_by_type"));
+            from.push(match self.dialect {
+                Dialect::Sqlite => format!("fact {f} INDEXED BY fact_by_type"),
+                _ => format!("fact {f}"),
+            });
             wh.push(format!("{f}.seq = {end} AND {f}.type_id = {ty}"));
             return Known::row(f);
         }
@@ -475,7 +479,8 @@ pub(crate) enum After {
 /// As [`compile`], keeping only the rows that sort after a given row (a keyset: the next
 /// rows of an ordered query without reading the ones before it). `after` holds one value
 /// per key of `shape.order`, then the seq of each output label, as the statement orders
-/// them. NULL sorts before every value, as in SQLite's `ORDER BY`.
+/// them. NULL sorts before every value, as in SQLite's `ORDER BY` (on PostgreSQL the
+/// statement says `NULLS FIRST` / `NULLS LAST`).
 pub(crate) fn compile_after(
     nodes: &[Node],
     conds: &[&Condition],
@@ -516,8 +521,9 @@ fn compile_keyset(
             format!("{f}.seq, {f}.hash, {f}.bytes")
         })
         .collect();
-    // (expression, descending) of each ordering key, then each output label's seq.
-    let mut keys: Vec<(String, bool)> = Vec::new();
+    // (expression, descending, a field's sort key) of each ordering key, then each
+    // output label's seq.
+    let mut keys: Vec<(String, bool, bool)> = Vec::new();
     for k in shape.order {
         match &k.by {
             SortBy::Field(l, field) => {
@@ -529,21 +535,32 @@ fn compile_keyset(
                         scope[&l.name].fact()
                     ),
                     k.descending,
+                    true,
                 ));
             }
-            SortBy::Seq(l) => keys.push((scope[&l.name].seq.clone(), k.descending)),
+            SortBy::Seq(l) => keys.push((scope[&l.name].seq.clone(), k.descending, false)),
         }
     }
-    keys.extend(shape.output.iter().map(|l| (scope[l].seq.clone(), false)));
+    keys.extend(
+        shape
+            .output
+            .iter()
+            .map(|l| (scope[l].seq.clone(), false, false)),
+    );
     if let Some(after) = after {
         // (k1 after v1) OR (k1 IS v1 AND ((k2 after v2) OR (k2 IS v2 AND ...))).
-        let mut cond = "0".to_string();
-        for ((e, desc), a) in keys.iter().zip(after).rev() {
+        let mut cond = "FALSE".to_string();
+        for ((e, desc, field), a) in keys.iter().zip(after).rev() {
             let (later, same) = match a {
-                After::Null if *desc => ("0".to_string(), format!("{e} IS NULL")),
+                After::Null if *desc => ("FALSE".to_string(), format!("{e} IS NULL")),
                 After::Null => (format!("{e} IS NOT NULL"), format!("{e} IS NULL")),
                 After::Value(v) => {
-                    let p = c.param(v.clone());
+                    // PostgreSQL's pq_field returns a bytea sort key: the bound is one too.
+                    let v = match (c.dialect, field) {
+                        (Dialect::Postgres, true) => Param::Blob(pg_sort_key(v)),
+                        _ => v.clone(),
+                    };
+                    let p = c.param(v);
                     if *desc {
                         (format!("({e} < {p} OR {e} IS NULL)"), format!("{e} = {p}"))
                     } else {
@@ -555,13 +572,16 @@ fn compile_keyset(
         }
         wh.push(cond);
     }
+    let distinct = multi || shape.distinct;
+    let mut cols = cols;
+    if distinct && c.dialect == Dialect::Postgres {
+        // PostgreSQL orders a DISTINCT only by what it selects: the keys come after the
+        // label columns (a function of them, so the rows stay as distinct), unread.
+        cols.extend(keys.iter().map(|(e, _, _)| e.clone()));
+    }
     let mut sql = format!(
         "SELECT {}{} FROM {}",
-        if multi || shape.distinct {
-            "DISTINCT "
-        } else {
-            ""
-        },
+        if distinct { "DISTINCT " } else { "" },
         cols.join(", "),
         from.join(" CROSS JOIN ")
     );
@@ -572,7 +592,16 @@ fn compile_keyset(
     if !keys.is_empty() {
         let order: Vec<String> = keys
             .iter()
-            .map(|(e, desc)| format!("{e}{}", if *desc { " DESC" } else { "" }))
+            .map(|(e, desc, field)| {
+                // SQL NULL (a missing or unorderable field) sorts first, as in SQLite,
+                // where PostgreSQL would put it last.
+                let nulls = match (c.dialect, field, desc) {
+                    (Dialect::Postgres, true, false) => " NULLS FIRST",
+                    (Dialect::Postgres, true, true) => " NULLS LAST",
+                    _ => "",
+                };
+                format!("{e}{}{nulls}", if *desc { " DESC" } else { "" })
+            })
             .collect();
         sql.push_str(" ORDER BY ");
         sql.push_str(&order.join(", "));
@@ -597,4 +626,45 @@ fn compile_keyset(
             })
             .collect(),
     })
+}
+
+/// The sort key PostgreSQL's `pq_field` returns for a value bound as `p`
+/// (`schema/postgres/002_query_functions.sql`): tag 01 and a number's key, 02 and text,
+/// 03 and bytes; they compare bytewise as [`crate::predicate::SortKey`] orders.
+pub(crate) fn pg_sort_key(p: &Param) -> Vec<u8> {
+    match p {
+        Param::Int(i) => pg_number_key(Number::Int(*i)),
+        Param::Real(f) => pg_number_key(Number::Real(*f)),
+        Param::Text(t) => [&[2u8][..], t.as_bytes()].concat(),
+        Param::Blob(b) => [&[3u8][..], b].concat(),
+        Param::Hash(h) => [&[3u8][..], &h.0[..]].concat(),
+        Param::Type(_) | Param::Role(_) => Vec::new(),
+    }
+}
+
+/// A number's sort key: the binary64 `d` nearest to it, its bits flipped so that bytes
+/// order as numbers do (-0.0 as 0.0), then what is left (`n - d`, within 2^10 for a
+/// 64-bit integer) plus 32768 in two bytes. Nearest rounding never reorders, and a tie
+/// on `d` is settled by the rest, so the order is exact across integers and floats.
+pub(crate) fn pg_number_key(n: Number) -> Vec<u8> {
+    let (d, rest) = match n {
+        Number::Int(i) => {
+            let d = i as f64;
+            // |d| <= 2^63, so d as i128 is exact.
+            (d, (i128::from(i) - d as i128) as i32)
+        }
+        Number::Real(f) => (f, 0),
+    };
+    let d = if d == 0.0 { 0.0 } else { d };
+    let bits = d.to_bits();
+    let key = if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
+    };
+    let mut out = Vec::with_capacity(11);
+    out.push(1);
+    out.extend_from_slice(&key.to_be_bytes());
+    out.extend_from_slice(&((rest + 32768) as u16).to_be_bytes());
+    out
 }

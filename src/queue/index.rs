@@ -368,8 +368,8 @@ impl Ix<'_> {
             (ItemState::Blocked, None)
         };
         let added = self.tx.execute(
-            "INSERT OR IGNORE INTO queue_item (queue_id, input, state, claimable_at, blockers)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO queue_item (queue_id, input, state, claimable_at, blockers)
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
             args![q.id, seq, state.code(), claimable, blockers.len() as i64],
         )?;
         if added == 0 {
@@ -477,9 +477,8 @@ impl Ix<'_> {
             )?,
             // CROSS JOIN keeps the hash probe outermost.
             None => self.tx.query_opt(
-                "SELECT i.input, i.blockers FROM fact f
-                 CROSS JOIN queue_item i ON i.queue_id = +?1 AND i.input = f.seq
-                 WHERE f.hash = +?2",
+                "SELECT i.input, i.blockers FROM fact f CROSS JOIN queue_item i
+                 WHERE f.hash = +?2 AND i.queue_id = +?1 AND i.input = f.seq",
                 args![q.id, input],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )?,
@@ -616,7 +615,8 @@ fn flush_rates(tx: &dyn ReadTx, state: &mut TxState) -> Result<()> {
         tx.execute(
             "INSERT INTO queue_rate (queue_id, minute, completed, failed) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (queue_id, minute)
-             DO UPDATE SET completed = completed + ?3, failed = failed + ?4",
+             DO UPDATE SET completed = queue_rate.completed + excluded.completed,
+                           failed = queue_rate.failed + excluded.failed",
             args![q, minute, c, f],
         )?;
         tx.execute(

@@ -12,7 +12,7 @@ use crate::queue::{
     Breach, FailOutcome, Failure, ItemInfo, ItemState, Lease, QueueSpec, QueueStats, Semantics,
     state_code, system,
 };
-use crate::store::{ReadTx, SqlExt, Store, Writer};
+use crate::store::{Dialect, ReadTx, SqlExt, Store, Writer};
 
 pub(super) fn unknown(name: &str) -> Error {
     Error::UnknownQueue {
@@ -70,16 +70,28 @@ impl Writer<'_> {
         Ok((defs, at))
     }
 
-    /// Checks that `lease` is still the live lease on its input.
+    /// Checks that `lease` is still the live lease on its input. On PostgreSQL the check
+    /// locks the item row until the transaction ends: a claim running at the same time
+    /// skips the row, and one that took it first (the lease had expired) commits before
+    /// the check reads the row again and finds another token.
     fn check_lease(&self, lease: &Lease) -> Result<()> {
-        let held = self.sql().exists(
-            concat!(
-                "SELECT 1 FROM queue_item
-                     WHERE queue_id = ?1 AND input = ?2 AND lease_token = ?3 AND state = ",
-                state_code!(Leased)
-            ),
-            args![lease.queue_id, lease.seq, lease.token],
-        )?;
+        macro_rules! check {
+            ($($lock:literal)?) => {
+                concat!(
+                    "SELECT 1 FROM queue_item
+                         WHERE queue_id = ?1 AND input = ?2 AND lease_token = ?3 AND state = ",
+                    state_code!(Leased)
+                    $(, $lock)?
+                )
+            };
+        }
+        let sql = match self.sql().dialect() {
+            Dialect::Postgres => check!(" FOR UPDATE"),
+            _ => check!(),
+        };
+        let held = self
+            .sql()
+            .exists(sql, args![lease.queue_id, lease.seq, lease.token])?;
         if held {
             Ok(())
         } else {
@@ -134,14 +146,9 @@ impl Writer<'_> {
         let completion = Arc::new(q.spec.completions[0].clone());
         while leases.len() < n {
             // The input's bytes come with its item row: one statement per claim, not one
-            // per claimed input. Its parameters are hidden from the planner (`?N + 0`; it
-            // looks through `+?N`): looking at them, SQLite would prepare the statement again
-            // at every claim.
+            // per claimed input.
             let rows: Vec<ClaimRow> = self.sql().query_vec(
-                "SELECT i.input, i.state, i.attempts, i.first_attempt_at, f.hash, f.bytes
-                     FROM queue_item i LEFT JOIN fact f ON f.seq = i.input
-                     WHERE i.queue_id = ?1 + 0 AND i.claimable_at <= ?2 + 0
-                     ORDER BY i.claimable_at, i.input LIMIT ?3 + 0",
+                claim_sql(self.sql().dialect()),
                 args![q.id, now, (n - leases.len()) as i64],
                 |r| {
                     let fact = match r.value(4)? {
@@ -367,6 +374,17 @@ impl LeaseCheck {
         leases: &[Lease],
     ) -> Result<LeaseCheck> {
         let mut held = vec![false; leases.len()];
+        if w.sql().dialect() == Dialect::Postgres {
+            // Each lease is checked when its turn comes, locking its row (`FOR UPDATE`)
+            // until the commit: claims in other transactions run beside this one there,
+            // and a read of the batch's whole range would wait on their rows.
+            let qtx = w.state::<QueueTx>();
+            return Ok(LeaseCheck {
+                held,
+                item_updates: qtx.item_updates,
+                ended: qtx.ended.len(),
+            });
+        }
         let at_least_once = |l: &Lease| {
             defs.by_name(&l.queue)
                 .is_some_and(|q| q.id == l.queue_id && q.spec.semantics == Semantics::AtLeastOnce)
@@ -430,6 +448,30 @@ impl LeaseCheck {
         qtx.item_updates == self.item_updates
             && qtx.ended.len() >= self.ended
             && !qtx.ended[self.ended..].contains(&(lease.queue_id, lease.seq))
+    }
+}
+
+/// The statement a claim reads its next items with. On PostgreSQL, where workers in other
+/// transactions claim from the same queue at once, it locks the item rows it returns and
+/// skips those another claim has locked (`FOR UPDATE ... SKIP LOCKED`): the lease is
+/// written under that lock, and a row whose lease committed meanwhile is read again and
+/// no longer claimable, so no input has two live leases. SQLite has one writer at a time;
+/// there the parameters are hidden from the planner (`?N + 0`; it looks through `+?N`),
+/// which would otherwise prepare the statement again at every claim.
+fn claim_sql(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Postgres => {
+            "SELECT i.input, i.state, i.attempts, i.first_attempt_at, f.hash, f.bytes
+                 FROM queue_item i LEFT JOIN fact f ON f.seq = i.input
+                 WHERE i.queue_id = ?1 AND i.claimable_at <= ?2
+                 ORDER BY i.claimable_at, i.input LIMIT ?3 FOR UPDATE OF i SKIP LOCKED"
+        }
+        _ => {
+            "SELECT i.input, i.state, i.attempts, i.first_attempt_at, f.hash, f.bytes
+                 FROM queue_item i LEFT JOIN fact f ON f.seq = i.input
+                 WHERE i.queue_id = ?1 + 0 AND i.claimable_at <= ?2 + 0
+                 ORDER BY i.claimable_at, i.input LIMIT ?3 + 0"
+        }
     }
 }
 
@@ -745,7 +787,8 @@ impl Store {
         let (id, _) = self.def(queue)?;
         self.read(|r| {
             let seqs: Vec<i64> = r.query_vec(
-                "SELECT input FROM queue_item WHERE queue_id = ?1 AND (?2 IS NULL OR state = ?2)
+                "SELECT input FROM queue_item
+                 WHERE queue_id = ?1 AND (CAST(?2 AS BIGINT) IS NULL OR state = ?2)
                  ORDER BY input LIMIT ?3",
                 args![id, state.map(ItemState::code), limit as i64],
                 |r| r.get(0),
@@ -862,7 +905,8 @@ fn queue_stats(r: &dyn ReadTx, id: i64, spec: QueueSpec, now: i64) -> Result<Que
         ..QueueStats::default()
     };
     let rows: Vec<(i64, Option<i64>, i64, Option<i64>)> = r.query_vec(
-        "SELECT state, claimable_at <= ?2, count(*), min(claimable_at) FROM queue_item
+        "SELECT state, CASE WHEN claimable_at <= ?2 THEN 1 WHEN claimable_at > ?2 THEN 0 END,
+                count(*), min(claimable_at) FROM queue_item
          WHERE queue_id = ?1 GROUP BY 1, 2",
         args![id, now],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
@@ -892,7 +936,8 @@ fn queue_stats(r: &dyn ReadTx, id: i64, spec: QueueSpec, now: i64) -> Result<Que
     s.completed = completed as u64;
     s.discarded = discarded as u64;
     let (c5, f5): (i64, i64) = r.query_one(
-        "SELECT coalesce(sum(completed), 0), coalesce(sum(failed), 0) FROM queue_rate
+        "SELECT CAST(coalesce(sum(completed), 0) AS BIGINT),
+                CAST(coalesce(sum(failed), 0) AS BIGINT) FROM queue_rate
          WHERE queue_id = ?1 AND minute > ?2",
         args![id, now / 60_000 - 5],
         |r| Ok((r.get(0)?, r.get(1)?)),

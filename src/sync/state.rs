@@ -7,7 +7,7 @@
 use crate::args;
 use crate::error::{Error, Result};
 use crate::hash::FactHash;
-use crate::store::{ReadTx, Row, SqlExt, Store, ValueRef, Writer};
+use crate::store::{Dialect, ReadTx, Row, SqlExt, Store, ValueRef, Writer};
 
 /// What this store knows of one remote node (a row of `sync_peer`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -91,11 +91,12 @@ impl Store {
     /// [`Error::Backend`].
     pub fn store_id(&self) -> Result<String> {
         self.read(|r| {
-            r.query_one(
-                "SELECT lower(hex(value)) FROM store_meta WHERE name = 'id'",
+            let id: Vec<u8> = r.query_one(
+                "SELECT value FROM store_meta WHERE name = 'id'",
                 args![],
                 |r| r.get(0),
-            )
+            )?;
+            Ok(hex::encode(id))
         })
     }
 
@@ -130,7 +131,7 @@ impl Store {
         let (n, last): (i64, Option<i64>) = self.read(|r| {
             r.query_one(
                 "SELECT count(*), max(seq) FROM
-                   (SELECT seq FROM fact WHERE seq > ?1 ORDER BY seq LIMIT ?2)",
+                   (SELECT seq FROM fact WHERE seq > ?1 ORDER BY seq LIMIT ?2) AS page",
                 args![after, limit as i64],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
@@ -176,14 +177,23 @@ impl Store {
                 return Ok(Vec::new());
             }
             let roots_json = serde_json::to_string(&root_seqs).expect("integers serialise");
+            // The roots go in as one JSON array, which each engine reads its own way.
+            let roots = match r.dialect() {
+                Dialect::Postgres => {
+                    "SELECT CAST(value AS BIGINT) FROM jsonb_array_elements_text(CAST(?1 AS jsonb))"
+                }
+                _ => "SELECT value FROM json_each(?1)",
+            };
             r.query_vec(
-                "WITH RECURSIVE
-                   root(seq) AS (SELECT value FROM json_each(?1)),
+                &format!(
+                    "WITH RECURSIVE
+                   root(seq) AS ({roots}),
                    down(seq) AS (SELECT seq FROM root
                        UNION SELECT e.successor FROM edge e JOIN down ON e.predecessor = down.seq),
                    up(seq) AS (SELECT seq FROM down
                        UNION SELECT e.predecessor FROM edge e JOIN up ON e.successor = up.seq)
-                 SELECT seq FROM up WHERE seq > ?2 AND seq <= ?3 ORDER BY seq LIMIT ?4",
+                 SELECT seq FROM up WHERE seq > ?2 AND seq <= ?3 ORDER BY seq LIMIT ?4"
+                ),
                 args![&roots_json, after, upto, limit as i64],
                 |r| r.get(0),
             )
@@ -480,7 +490,7 @@ impl Writer<'_> {
     /// [`Error::Backend`].
     pub fn ensure_peer(&mut self, url: &str) -> Result<()> {
         self.sql().execute(
-            "INSERT OR IGNORE INTO sync_peer (url) VALUES (?1)",
+            "INSERT INTO sync_peer (url) VALUES (?1) ON CONFLICT DO NOTHING",
             args![url],
         )?;
         Ok(())
@@ -494,8 +504,10 @@ impl Writer<'_> {
     pub fn set_pull_bookmark(&mut self, url: &str, after: i64, remote_seq: i64) -> Result<()> {
         self.ensure_peer(url)?;
         self.sql().execute(
-            "UPDATE sync_peer SET pull_after = max(pull_after, ?2),
-                        remote_seq = max(remote_seq, ?3) WHERE url = ?1",
+            "UPDATE sync_peer
+                SET pull_after = CASE WHEN pull_after > ?2 THEN pull_after ELSE ?2 END,
+                    remote_seq = CASE WHEN remote_seq > ?3 THEN remote_seq ELSE ?3 END
+              WHERE url = ?1",
             args![url, after, remote_seq],
         )?;
         Ok(())
@@ -508,7 +520,9 @@ impl Writer<'_> {
     pub fn set_push_bookmark(&mut self, url: &str, after: i64) -> Result<()> {
         self.ensure_peer(url)?;
         self.sql().execute(
-            "UPDATE sync_peer SET push_after = max(push_after, ?2) WHERE url = ?1",
+            "UPDATE sync_peer
+                SET push_after = CASE WHEN push_after > ?2 THEN push_after ELSE ?2 END
+              WHERE url = ?1",
             args![url, after],
         )?;
         Ok(())
@@ -522,7 +536,8 @@ impl Writer<'_> {
         self.ensure_peer(url)?;
         self.sql().execute(
             "UPDATE sync_peer SET last_sync_ms = ?2, last_error = NULL,
-                        remote_seq = max(remote_seq, ?3) WHERE url = ?1",
+                    remote_seq = CASE WHEN remote_seq > ?3 THEN remote_seq ELSE ?3 END
+              WHERE url = ?1",
             args![url, now_ms(), remote_seq],
         )?;
         Ok(())
@@ -558,7 +573,8 @@ impl Writer<'_> {
             )?;
             if held {
                 tx.execute(
-                    "INSERT OR IGNORE INTO sync_held_origin (hash, peer) VALUES (?1, ?2)",
+                    "INSERT INTO sync_held_origin (hash, peer) VALUES (?1, ?2)
+                     ON CONFLICT DO NOTHING",
                     args![h, peer],
                 )?;
             }
