@@ -3,7 +3,8 @@
 //! - The fact model, hashes and the canonical encoding are pure: they name no other layer.
 //! - The fact core (`src/store/`) knows nothing of what is built on it: no file under it
 //!   names `crate::queue`, `crate::sync` or `crate::query`.
-//! - SQLite stays behind the seam: no file outside `src/store/` mentions `rusqlite`.
+//! - SQLite stays behind the seam: no file outside `src/store/` mentions `rusqlite`; the
+//!   PostgreSQL driver is named only under `src/store/postgres/`.
 //!
 //! A check that reads text is coarse, so it is strict: a mention in a comment counts too.
 
@@ -66,6 +67,24 @@ fn the_store_knows_no_queue_sync_or_query() {
 #[test]
 fn rusqlite_is_used_only_inside_the_store() {
     let found = offenders("src/store/", false, &["rusqlite"]);
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+#[test]
+fn the_postgres_driver_is_used_only_by_its_backend() {
+    // The driver's paths (`postgres::Client`, `tokio_postgres`), not the store's own
+    // module (`self::postgres::`, `store::postgres::`) or the word in prose.
+    let found: Vec<String> = all_sources()
+        .into_iter()
+        .filter(|(path, _)| !path.starts_with("src/store/postgres/"))
+        .flat_map(|(path, text)| {
+            let driver = text.match_indices("postgres::").any(|(i, _)| {
+                let before = &text[..i];
+                !(before.ends_with("self::") || before.ends_with("store::"))
+            }) || text.contains("tokio_postgres");
+            driver.then(|| format!("{path} names the postgres driver"))
+        })
+        .collect();
     assert!(found.is_empty(), "{found:#?}");
 }
 

@@ -1,8 +1,27 @@
-//! The fact core on PostgreSQL: a real cluster started by `tests/common/pg.rs`.
+//! The fact core on PostgreSQL, on a real cluster started by `tests/common/pg.rs`: the
+//! same behaviour as on SQLite (insert, hold, release, cascades, duplicates, the held
+//! bound, verify, dropping held facts, migrations), sequence numbers in commit order with
+//! writers in several threads and processes, the held-cascade race, and clear errors.
 
 mod common;
 
-use common::pg;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::pg::{self, PgDb};
+use common::{chain, fact};
+use precedent::store::{Dialect, PG_SCHEMA_VERSION};
+use precedent::{Error, FactHash, InsertOutcome, Store, StoreOptions};
+
+fn open(db: &PgDb) -> Store {
+    Store::open_with(&db.url, StoreOptions::default()).unwrap()
+}
+
+fn open_with(db: &PgDb, options: StoreOptions) -> Store {
+    Store::open_with(&db.url, options).unwrap()
+}
 
 #[test]
 fn the_harness_gives_each_test_a_fresh_database() {
@@ -10,12 +29,408 @@ fn the_harness_gives_each_test_a_fresh_database() {
     let Some(b) = pg::db() else { return };
     assert_ne!(a.name, b.name);
     a.psql("CREATE TABLE only_here (x BIGINT)");
+    let count = "SELECT count(*) FROM pg_tables WHERE tablename = 'only_here'";
+    assert_eq!(a.psql(count), "1");
+    assert_eq!(b.psql(count), "0");
+}
+
+#[test]
+fn insert_get_hold_release_and_cascade() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    assert_eq!(store.dialect(), Dialect::Postgres);
+    assert!(store.path().is_none());
+    let links = chain(4);
+    // The last two arrive first: held, the last behind the third.
+    assert!(store.insert(&links[3]).unwrap().is_held());
+    assert!(store.insert(&links[2]).unwrap().is_held());
+    assert_eq!(store.held_count().unwrap(), 2);
+    assert_eq!(store.seq_of(&links[2].hash()).unwrap(), None);
+    let held = store.held(10).unwrap();
+    assert_eq!(held.len(), 2);
+    assert_eq!(held[0].fact.hash(), links[3].hash());
+    assert_eq!(held[0].missing, vec![links[2].hash()]);
+    // A held fact again is a duplicate.
     assert_eq!(
-        a.psql("SELECT count(*) FROM pg_tables WHERE tablename = 'only_here'"),
+        store.insert(&links[2]).unwrap(),
+        InsertOutcome::Duplicate { seq: None }
+    );
+    assert_eq!(
+        store.insert(&links[0]).unwrap(),
+        InsertOutcome::Inserted {
+            seq: 1,
+            released: 1
+        }
+    );
+    // The second releases the two held behind it, in order.
+    assert_eq!(
+        store.insert(&links[1]).unwrap(),
+        InsertOutcome::Inserted {
+            seq: 2,
+            released: 3
+        }
+    );
+    assert_eq!(store.held_count().unwrap(), 0);
+    for (i, l) in links.iter().enumerate() {
+        assert_eq!(store.seq_of(&l.hash()).unwrap(), Some(i as i64 + 1));
+        assert_eq!(store.get(&l.hash()).unwrap().unwrap(), *l);
+    }
+    assert_eq!(
+        store.insert(&links[1]).unwrap(),
+        InsertOutcome::Duplicate { seq: Some(2) }
+    );
+    assert_eq!(store.ancestors(&links[3].hash()).unwrap().len(), 3);
+    assert_eq!(store.descendants(&links[0].hash()).unwrap().len(), 3);
+    assert_eq!(store.facts_of_type("Link").unwrap(), links);
+    let prefix = &links[2].hash().to_string()[..12];
+    assert_eq!(store.resolve(prefix).unwrap(), links[2].hash());
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.released, 4);
+    assert_eq!(stats.edges, 3);
+    assert_eq!(stats.per_type["Link"], 4);
+    assert!(stats.db_bytes > 0);
+    common::assert_topological(&store);
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+}
+
+#[test]
+fn a_batch_in_any_order_collapses_duplicates_and_releases_all() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    let links = chain(50);
+    let mut shuffled = links.clone();
+    shuffled.reverse();
+    shuffled.push(links[10].clone());
+    let report = store.insert_batch(shuffled).unwrap();
+    assert_eq!(report.inserted, 50);
+    assert_eq!(report.released, 50);
+    assert_eq!(report.duplicates, 1);
+    // Held behind a fact outside the batch, then released by it.
+    let root = fact("Root", 1, &[]);
+    let kids: Vec<_> = (0..5).map(|i| fact("Kid", i, &[root.hash()])).collect();
+    let grandkid = fact("Grandkid", 0, &[kids[0].hash(), kids[4].hash()]);
+    let mut batch = vec![grandkid.clone()];
+    batch.extend(kids.iter().cloned());
+    let report = store.insert_batch(batch).unwrap();
+    assert_eq!((report.held, report.inserted), (6, 0));
+    assert_eq!(store.insert(&root).unwrap().released(), 7);
+    assert_eq!(store.seq_of(&grandkid.hash()).unwrap(), Some(57));
+    let again = store.insert_batch(links).unwrap();
+    assert_eq!(again.duplicates, 50);
+    common::assert_topological(&store);
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+}
+
+#[test]
+fn the_held_bound_refuses_past_max_held() {
+    let Some(db) = pg::db() else { return };
+    let options = StoreOptions {
+        max_held: 2,
+        ..StoreOptions::default()
+    };
+    let store = open_with(&db, options);
+    for i in 0..2 {
+        store.insert(&fact("F", i, &[FactHash([9; 32])])).unwrap();
+    }
+    let third = fact("F", 3, &[FactHash([9; 32])]);
+    match store.insert(&third) {
+        Err(Error::HeldLimit { limit: 2, hash }) => assert_eq!(hash, third.hash()),
+        other => panic!("{other:?}"),
+    }
+    let report = store.insert_batch(vec![third.clone()]).unwrap();
+    assert_eq!(report.refused, vec![third.hash()]);
+    assert_eq!(store.held_count().unwrap(), 2);
+}
+
+#[test]
+fn dropping_held_facts_takes_what_waits_for_them() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    let typo = FactHash([7; 32]);
+    let a = fact("A", 1, &[typo]);
+    let b = fact("B", 1, &[a.hash()]);
+    let c = fact("C", 1, &[b.hash()]);
+    let other = fact("Other", 1, &[FactHash([8; 32])]);
+    store.insert(&a).unwrap();
+    store.insert_batch(vec![c.clone(), b.clone()]).unwrap();
+    store.insert(&other).unwrap();
+    let released = fact("R", 1, &[]);
+    store.insert(&released).unwrap();
+    assert!(matches!(
+        store.drop_held(&[released.hash()]),
+        Err(Error::NotHeld { .. })
+    ));
+    assert!(matches!(
+        store.drop_held(&[FactHash([1; 32])]),
+        Err(Error::NotFound { .. })
+    ));
+    assert_eq!(
+        store.drop_held(&[a.hash()]).unwrap(),
+        vec![a.hash(), b.hash(), c.hash()]
+    );
+    assert_eq!(store.held_count().unwrap(), 1);
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+    // Expiring everything held up to now takes the rest.
+    assert_eq!(
+        store.expire_held(Duration::ZERO).unwrap(),
+        vec![other.hash()]
+    );
+    assert_eq!(store.held_count().unwrap(), 0);
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+}
+
+#[test]
+fn a_savepoint_rolled_back_undoes_its_facts_and_numbers() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    let (a, b) = (fact("A", 1, &[]), fact("B", 1, &[]));
+    store
+        .write(|w| {
+            w.insert(&a)?;
+            let undone: precedent::Result<()> = w.savepoint(|w| {
+                w.insert(&b)?;
+                Err(Error::InvalidFact {
+                    reason: "undo".into(),
+                })
+            });
+            assert!(undone.is_err());
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(store.seq_of(&b.hash()).unwrap(), None);
+    assert_eq!(store.insert(&b).unwrap().released(), 1);
+    assert_eq!(store.seq_of(&b.hash()).unwrap(), Some(2));
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+}
+
+#[test]
+fn verify_rehashes_every_row() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    store.insert_batch(chain(20)).unwrap();
+    let report = store.verify(|_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.released, 20);
+    // One flipped byte in one fact's bytes.
+    db.psql(
+        "UPDATE fact SET bytes = overlay(bytes placing '\\x00'::bytea from 3 for 1) WHERE seq = 7",
+    );
+    let report = store.verify(|_| {}).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    let bad = store.read(|r| r.fact_at(7));
+    assert!(matches!(bad, Err(Error::Corrupt { .. })), "{bad:?}");
+}
+
+#[test]
+fn a_read_only_store_refuses_writes() {
+    let Some(db) = pg::db() else { return };
+    drop(open(&db));
+    let options = StoreOptions {
+        read_only: true,
+        ..StoreOptions::default()
+    };
+    let store = open_with(&db, options);
+    assert_eq!(store.stats().unwrap().released, 0);
+    assert!(matches!(
+        store.insert(&fact("A", 1, &[])),
+        Err(Error::ReadOnly { .. })
+    ));
+}
+
+#[test]
+fn migrations_stamp_the_version_and_refuse_a_newer_database() {
+    let Some(db) = pg::db() else { return };
+    // Two processes' worth of opens at once migrate once.
+    let opened: Vec<_> = (0..4)
+        .map(|_| {
+            let url = db.url.clone();
+            std::thread::spawn(move || Store::open_with(&url, StoreOptions::default()).map(drop))
+        })
+        .collect();
+    for t in opened {
+        t.join().unwrap().unwrap();
+    }
+    assert_eq!(
+        db.psql("SELECT version FROM schema_version"),
+        PG_SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(
+        db.psql("SELECT count(*) FROM store_meta WHERE length(value) = 16"),
         "1"
     );
-    assert_eq!(
-        b.psql("SELECT count(*) FROM pg_tables WHERE tablename = 'only_here'"),
-        "0"
+    db.psql("UPDATE schema_version SET version = 99");
+    match Store::open_with(&db.url, StoreOptions::default()) {
+        Err(e @ Error::SchemaTooNew { found: 99, .. }) => {
+            assert!(e.to_string().contains("upgrade precedent"), "{e}")
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn a_server_that_is_down_says_so() {
+    if pg::cluster().is_none() {
+        return;
+    }
+    let err = Store::open_with(pg::down_url(), StoreOptions::default())
+        .map(|_| ())
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Open { .. }), "{err:?}");
+    assert!(text.contains("server down"), "{text}");
+    assert!(text.contains("connection refused"), "{text}");
+    assert!(!text.contains('\n'), "{text}");
+}
+
+#[test]
+fn a_wrong_password_says_so_and_is_not_shown() {
+    let Some(db) = pg::db() else { return };
+    let err = Store::open_with(db.url_with_password("wrong"), StoreOptions::default())
+        .map(|_| ())
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("password refused"), "{text}");
+    assert!(!text.contains("wrong"), "{text}");
+    // The right one opens.
+    let store = Store::open_with(db.url_with_password(pg::PASSWORD), StoreOptions::default());
+    assert!(store.is_ok(), "{:?}", store.err());
+}
+
+#[test]
+fn a_url_without_the_scheme_of_postgres_is_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("postgres.db")).unwrap();
+    assert_eq!(store.dialect(), Dialect::Sqlite);
+}
+
+/// The held-cascade race: one writer inserts a child while another inserts its parent,
+/// through two stores as two processes would. The child must end released.
+#[test]
+fn a_child_and_its_parent_written_at_once_end_released() {
+    let Some(db) = pg::db() else { return };
+    let (s1, s2) = (Arc::new(open(&db)), Arc::new(open(&db)));
+    for round in 0..40 {
+        let parent = fact("Parent", round, &[]);
+        let child = fact("Child", round, &[parent.hash()]);
+        let gate = Arc::new(Barrier::new(2));
+        let t = {
+            let (s, gate, child) = (s1.clone(), gate.clone(), child.clone());
+            std::thread::spawn(move || {
+                gate.wait();
+                s.insert(&child).unwrap();
+            })
+        };
+        gate.wait();
+        s2.insert(&parent).unwrap();
+        t.join().unwrap();
+        assert!(
+            s2.seq_of(&child.hash()).unwrap().is_some(),
+            "round {round}: child still held"
+        );
+    }
+    assert_eq!(s1.held_count().unwrap(), 0);
+    assert!(s1.verify(|_| {}).unwrap().is_clean());
+}
+
+/// What the child process of [`sequence_numbers_follow_commit_order`] runs: inserts
+/// facts in many small transactions on the database of `PRECEDENT_PG_CHILD`.
+#[test]
+fn child_writer_process() {
+    let Ok(url) = std::env::var("PRECEDENT_PG_CHILD") else {
+        return;
+    };
+    let store = Store::open_with(&url, StoreOptions::default()).unwrap();
+    for i in 0..150 {
+        let f = fact("Child", i, &[]);
+        store
+            .insert_batch(vec![f, fact("ChildToo", i, &[])])
+            .unwrap();
+    }
+}
+
+/// Writers in three threads and a second process insert at once while a reader polls
+/// for facts after the last it saw: it must never see a number appear below one it has
+/// seen (the numbers it sees continue where it left off, with no gap), and in the end it
+/// has seen every fact once.
+#[test]
+fn sequence_numbers_follow_commit_order() {
+    let Some(db) = pg::db() else { return };
+    drop(open(&db));
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_writer_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("PRECEDENT_PG_CHILD", &db.url)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (store, done) = (open(&db), done.clone());
+        std::thread::spawn(move || {
+            let mut last = 0i64;
+            let mut seen = HashSet::new();
+            let mut polls = 0u64;
+            loop {
+                let finished = done.load(Ordering::SeqCst);
+                store
+                    .for_each_released(last, |seq, hash, _| {
+                        assert_eq!(
+                            seq,
+                            last + 1,
+                            "saw {seq} after {last}: a number was skipped"
+                        );
+                        assert!(seen.insert(hash));
+                        last = seq;
+                        Ok(())
+                    })
+                    .unwrap();
+                polls += 1;
+                if finished {
+                    return (last, seen.len(), polls);
+                }
+            }
+        })
+    };
+    let writers: Vec<_> = (0..3)
+        .map(|w| {
+            let store = open(&db);
+            std::thread::spawn(move || {
+                for i in 0..100 {
+                    let root = fact(&format!("W{w}"), i, &[]);
+                    let kid = fact(&format!("W{w}Kid"), i, &[root.hash()]);
+                    if i % 2 == 0 {
+                        store.insert(&root).unwrap();
+                        store.insert(&kid).unwrap();
+                    } else {
+                        // Child first: held, then released by its parent.
+                        store.insert_batch(vec![kid, root]).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let status = {
+        let mut child = child;
+        child.wait().unwrap()
+    };
+    assert!(status.success(), "child writer failed: {status}");
+    let elapsed = start.elapsed();
+    done.store(true, Ordering::SeqCst);
+    let (last, seen, polls) = reader.join().unwrap();
+    let total = 3 * 200 + 300;
+    assert_eq!((last, seen), (total as i64, total));
+    eprintln!(
+        "{total} facts by 3 threads and a process in {elapsed:?}; the reader polled {polls} times"
     );
+    let store = open(&db);
+    assert_eq!(store.held_count().unwrap(), 0);
+    assert!(store.verify(|_| {}).unwrap().is_clean());
 }

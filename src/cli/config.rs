@@ -234,7 +234,7 @@ fn unset(m: &ArgMatches, id: &str) -> bool {
 /// A path of the config file, relative to the file's own directory.
 fn beside(config: &Path, p: PathBuf) -> PathBuf {
     match config.parent() {
-        Some(dir) if p.is_relative() => dir.join(p),
+        Some(dir) if p.is_relative() && !precedent::store::is_postgres_url(&p) => dir.join(p),
         _ => p,
     }
 }

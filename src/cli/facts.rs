@@ -4,7 +4,7 @@ use std::io::{self, Read, Write};
 
 use anyhow::Context;
 use precedent::json::JsonValue;
-use precedent::store::SCHEMA_VERSION;
+use precedent::store::{PG_SCHEMA_VERSION, SCHEMA_VERSION};
 use precedent::{Error, Fact, FactHash, InsertOutcome, json};
 use serde_json::{Map, Value as Json, json};
 
@@ -13,13 +13,19 @@ use super::{Global, Status};
 /// `precedent init`.
 pub fn init(g: &Global) -> anyhow::Result<Status> {
     let store = g.open(true)?;
-    let path = store.path().unwrap_or(&g.db);
-    let shown = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let (shown, version) = match store.path() {
+        Some(path) => {
+            let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+            (path.display().to_string(), SCHEMA_VERSION)
+        }
+        // A PostgreSQL database: its URL without the password, and that schema's version.
+        None => (g.shown_db(), PG_SCHEMA_VERSION),
+    };
     if g.json {
-        let out = json!({"path": shown.display().to_string(), "schema_version": SCHEMA_VERSION});
+        let out = json!({"path": shown, "schema_version": version});
         say!("{out}");
     } else {
-        say!("{}", shown.display());
+        say!("{shown}");
     }
     Ok(Status::Ok)
 }

@@ -175,16 +175,19 @@ impl Global {
                 exit::USAGE,
                 format!(
                     "--read-only: this command writes to {}; run it without --read-only",
-                    self.db.display()
+                    self.shown_db()
                 ),
             ));
         }
-        // In a directory that does not exist, `init` cannot help: the store says so.
-        let dir_exists = self
-            .db
-            .parent()
-            .is_none_or(|d| d.as_os_str().is_empty() || d.is_dir());
-        if !create && dir_exists && !self.db.exists() {
+        // In a directory that does not exist, `init` cannot help: the store says so. A
+        // PostgreSQL URL names no file: the server says whether the database is there.
+        let url = precedent::store::is_postgres_url(&self.db);
+        let dir_exists = url
+            || self
+                .db
+                .parent()
+                .is_none_or(|d| d.as_os_str().is_empty() || d.is_dir());
+        if !create && !url && dir_exists && !self.db.exists() {
             return Err(Failure::error(
                 exit::DATABASE,
                 format!(
@@ -193,7 +196,7 @@ impl Global {
                 ),
             ));
         }
-        tracing::debug!(db = %self.db.display(), create, "opening the database");
+        tracing::debug!(db = %self.shown_db(), create, "opening the database");
         let mut options = StoreOptions::default();
         if let Some(n) = self.max_held {
             options.max_held = n;
@@ -218,10 +221,13 @@ impl Global {
         opened.map_err(|e| match e {
             // These name the path already.
             Error::Open { .. } | Error::ReadOnly { .. } => anyhow::Error::new(e),
-            e => {
-                anyhow::Error::new(e).context(format!("cannot open database {}", self.db.display()))
-            }
+            e => anyhow::Error::new(e).context(format!("cannot open database {}", self.shown_db())),
         })
+    }
+
+    /// `--db` as messages may show it: a PostgreSQL URL without its password.
+    pub fn shown_db(&self) -> String {
+        precedent::store::shown_path(&self.db)
     }
 
     /// The held-fact bound the store is opened with.

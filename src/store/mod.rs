@@ -5,7 +5,11 @@
 //!   values, and the [`ReleaseHook`] through which indexes outside the core (the queue
 //!   index) are kept in the transaction that releases each fact.
 //! - `sqlite/`: the SQLite backend; all of the core's SQL.
+//! - `postgres/`: the PostgreSQL backend (feature `postgres`), the same behaviour with
+//!   concurrent writers on many hosts.
 //! - `types.rs`: the values the core hands out.
+//! - `steps.rs`, `shared.rs`: what the backends share beyond the seam (the steps of an
+//!   insert, the rules of `verify`, prefixes and schema versions).
 //! - `held.rs`: dropping held facts that will never be released.
 //!
 //! The core knows nothing of what is built on it: queues (`src/queue/`), sync
@@ -22,7 +26,11 @@
 
 mod backend;
 mod held;
+#[cfg(feature = "postgres")]
+mod postgres;
+pub(crate) mod shared;
 mod sqlite;
+pub(crate) mod steps;
 mod types;
 
 use std::any::{Any, TypeId};
@@ -36,11 +44,45 @@ use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::{FactHash, HashPrefix};
 
+#[cfg(feature = "postgres")]
+pub use self::postgres::{MIN_SERVER_VERSION, PG_SCHEMA_VERSION, PostgresBackend};
 pub use backend::{
     Arg, Backend, Dialect, EachReleased, FromSql, HookCtx, HookRunner, ReadTx, ReleaseHook, Row,
     RowSource, Sql, SqlExt, SqlValue, ValueRef, WriteTx,
 };
 pub use sqlite::{SCHEMA_VERSION, SqliteBackend};
+
+/// A store path as messages and logs may show it: a PostgreSQL URL with its password
+/// (`user:password@`, `password=`) replaced by `***`; a file path as it is.
+pub fn shown_path(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    if !is_postgres_url(path) {
+        return text.into_owned();
+    }
+    let mut out = text.into_owned();
+    if let Some(scheme) = out.find("://") {
+        let rest = scheme + 3;
+        let end = out[rest..].find(['/', '?']).map_or(out.len(), |n| rest + n);
+        if let Some(at) = out[rest..end].rfind('@')
+            && let Some(colon) = out[rest..rest + at].find(':')
+        {
+            out.replace_range(rest + colon + 1..rest + at, "***");
+        }
+    }
+    if let Some(p) = out.find("password=") {
+        let start = p + "password=".len();
+        let end = out[start..].find('&').map_or(out.len(), |n| start + n);
+        out.replace_range(start..end, "***");
+    }
+    out
+}
+
+/// Whether a store path names a PostgreSQL database: its text starts with `postgres://`
+/// or `postgresql://` (what [`Store::open_with`] opens on PostgreSQL).
+pub fn is_postgres_url(path: &Path) -> bool {
+    path.to_str()
+        .is_some_and(|p| p.starts_with("postgres://") || p.starts_with("postgresql://"))
+}
 pub use types::{BatchReport, HeldFact, InsertOutcome, Problem, Stats, StoredFact, VerifyReport};
 
 /// How hard a commit tries to reach the disk (see `docs/semantics.md`).
@@ -184,8 +226,39 @@ impl Store {
     /// # Errors
     /// As [`Store::open`]; with [`StoreOptions::read_only`], [`Error::Open`] for a missing
     /// file and [`Error::NeedsMigration`] for a database at an older schema version.
+    ///
+    /// A path whose text starts with `postgres://` or `postgresql://` opens that
+    /// PostgreSQL database instead (see [`Store::open_postgres`]); in a build without the
+    /// `postgres` feature that is [`Error::Open`] saying so.
     pub fn open_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
-        let backend = SqliteBackend::open(path.as_ref(), options.clone())?;
+        let path = path.as_ref();
+        if is_postgres_url(path) {
+            #[cfg(feature = "postgres")]
+            return Store::open_postgres(path.to_str().unwrap_or_default(), options);
+            #[cfg(not(feature = "postgres"))]
+            return Err(Error::Open {
+                path: path.to_path_buf(),
+                reason: "this build of precedent has no postgresql support (build it with the \
+                         `postgres` feature)"
+                    .into(),
+            });
+        }
+        let backend = SqliteBackend::open(path, options.clone())?;
+        Ok(Store::with_backend(Box::new(backend), options))
+    }
+
+    /// Opens (creating the schema if needed) the store in the PostgreSQL database at
+    /// `url`, a libpq URL (`postgres://user:password@host:port/db?sslmode=prefer`):
+    /// see `docs/design.md`, "The PostgreSQL backend".
+    ///
+    /// # Errors
+    /// [`Error::Open`] saying why it cannot connect (the server is down, the password was
+    /// refused, the server is older than [`MIN_SERVER_VERSION`]);
+    /// [`Error::SchemaTooNew`]; with [`StoreOptions::read_only`],
+    /// [`Error::NeedsMigration`] for a database at an older schema version.
+    #[cfg(feature = "postgres")]
+    pub fn open_postgres(url: &str, options: StoreOptions) -> Result<Store> {
+        let backend = PostgresBackend::open(url, options.clone())?;
         Ok(Store::with_backend(Box::new(backend), options))
     }
 

@@ -92,11 +92,11 @@ pub fn db() -> Option<PgDb> {
         N.fetch_add(1, Ordering::Relaxed),
         fastrand::u32(..)
     );
-    cluster.psql("postgres", &format!("CREATE DATABASE {name}"));
-    // Lets the password user connect and create the schema too.
+    // Owned by the password user, so that it may create the schema too (PostgreSQL 15
+    // lets only the owner create in `public`); the superuser may do anything anyway.
     cluster.psql(
         "postgres",
-        &format!("GRANT ALL ON DATABASE {name} TO {PASSWORD_USER}"),
+        &format!("CREATE DATABASE {name} OWNER {PASSWORD_USER}"),
     );
     Some(PgDb {
         url: format!("postgres://postgres@127.0.0.1:{}/{name}", cluster.port),

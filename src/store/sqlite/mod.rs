@@ -500,21 +500,8 @@ fn has_column(conn: &Connection, table: &str, column: &str) -> Result<bool> {
 /// and, when `read_only`, one that lacks migrations.
 fn migrate(conn: &Connection, path: &Path, read_only: bool) -> Result<()> {
     let found: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    if found > SCHEMA_VERSION {
-        return Err(Error::SchemaTooNew {
-            supported: SCHEMA_VERSION,
-            found,
-        });
-    }
-    if found == SCHEMA_VERSION {
+    if !super::shared::needs_migration(found, SCHEMA_VERSION, read_only, path)? {
         return Ok(());
-    }
-    if read_only {
-        return Err(Error::NeedsMigration {
-            path: path.to_path_buf(),
-            found,
-            supported: SCHEMA_VERSION,
-        });
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| -> Result<()> {

@@ -50,21 +50,7 @@ pub(crate) fn resolve_prefix(conn: &Connection, prefix: &HashPrefix) -> Result<F
             found.push(FactHash::from_stored(&row.get::<_, Vec<u8>>(0)?)?);
         }
     }
-    found.sort();
-    found.dedup();
-    match found.len() {
-        0 => Err(Error::UnknownPrefix {
-            prefix: prefix.text(),
-        }),
-        1 => Ok(found[0]),
-        _ => {
-            found.truncate(10);
-            Err(Error::AmbiguousPrefix {
-                prefix: prefix.text(),
-                candidates: found,
-            })
-        }
-    }
+    crate::store::shared::resolved(prefix, found)
 }
 
 impl<C: Deref<Target = Connection>> ReadTx for Tx<'_, C> {

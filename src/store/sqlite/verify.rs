@@ -1,8 +1,6 @@
 //! `verify`: re-hash every stored fact, check edges (with the types they carry) and release
 //! order, check the held set and its counter, and run SQLite's own integrity check.
 
-use std::collections::BTreeSet;
-
 use std::ops::Deref;
 
 use rusqlite::{Connection, params};
@@ -13,16 +11,9 @@ use crate::error::Result;
 use crate::hash::FactHash;
 use crate::store::VerifyReport;
 use crate::store::backend::ReadTx;
-
-/// An edge of a released fact, as `verify` reads it.
-struct EdgeRow {
-    role: String,
-    predecessor: Vec<u8>,
-    predecessor_seq: i64,
-    /// The edge's `predecessor_type`, the predecessor's `type_id`, the edge's
-    /// `successor_type`.
-    types: [i64; 3],
-}
+use crate::store::shared::{
+    EdgeRow, HeldTotals, check_edges, check_held, check_held_totals, check_type,
+};
 
 impl<C: Deref<Target = Connection>> Tx<'_, C> {
     /// Checks the whole store. `progress` is called with the number of facts checked so far.
@@ -93,70 +84,19 @@ impl<C: Deref<Target = Connection>> Tx<'_, C> {
                 }
             };
             let type_name: Option<String> = row.get(3)?;
-            if type_name.as_deref() != Some(fact.type_name()) {
-                report.problem(
-                    Some(hash),
-                    format!(
-                        "type column says {type_name:?}, bytes say {:?}",
-                        fact.type_name()
-                    ),
-                );
-            }
+            check_type(report, hash, &fact, type_name.as_deref());
             let type_id: i64 = row.get(4)?;
-            let mut edges = BTreeSet::new();
-            for e in edges_stmt.query_map(params![seq], |r| {
-                Ok(EdgeRow {
-                    role: r.get(0)?,
-                    predecessor: r.get(1)?,
-                    predecessor_seq: r.get(2)?,
-                    types: [r.get(3)?, r.get(4)?, r.get(5)?],
-                })
-            })? {
-                let e = e?;
-                let pseq = e.predecessor_seq;
-                if pseq >= seq {
-                    report.problem(
-                        Some(hash),
-                        format!("predecessor seq {pseq} is not below its own seq {seq}"),
-                    );
-                }
-                let [edge_pred, pred, edge_succ] = e.types;
-                if edge_pred != pred || edge_succ != type_id {
-                    report.problem(
-                        Some(hash),
-                        format!(
-                            "edge to {} (role {}) gives types {edge_pred} -> {edge_succ}, \
-                             the facts have {pred} -> {type_id}",
-                            hex::encode(&e.predecessor),
-                            e.role
-                        ),
-                    );
-                }
-                edges.insert((e.role, e.predecessor));
-            }
-            let expected: BTreeSet<(String, Vec<u8>)> = fact
-                .predecessors()
-                .iter()
-                .flat_map(|(role, set)| set.iter().map(move |h| (role.clone(), h.0.to_vec())))
-                .collect();
-            for (role, p) in expected.difference(&edges) {
-                report.problem(
-                    Some(hash),
-                    format!(
-                        "predecessor {} (role {role}) is not released before it",
-                        hex::encode(p)
-                    ),
-                );
-            }
-            for (role, p) in edges.difference(&expected) {
-                report.problem(
-                    Some(hash),
-                    format!(
-                        "edge to {} (role {role}) that its bytes do not name",
-                        hex::encode(p)
-                    ),
-                );
-            }
+            let edges = edges_stmt
+                .query_map(params![seq], |r| {
+                    Ok(EdgeRow {
+                        role: r.get(0)?,
+                        predecessor: r.get(1)?,
+                        predecessor_seq: r.get(2)?,
+                        types: [r.get(3)?, r.get(4)?, r.get(5)?],
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            check_edges(report, hash, &fact, (seq, type_id), edges);
         }
         progress(report.released);
         Ok(())
@@ -190,39 +130,18 @@ impl<C: Deref<Target = Connection>> Tx<'_, C> {
                     continue;
                 }
             };
-            if self.seq_of(&hash)?.is_some() {
-                report.problem(Some(hash), "both held and released");
-            }
-            let mut absent = BTreeSet::new();
-            for p in fact.predecessor_hashes() {
-                if self.seq_of(&p)?.is_none() {
-                    absent.insert(p);
-                }
-            }
-            if absent.is_empty() {
-                report.problem(Some(hash), "held although every predecessor is released");
-            }
             let id: i64 = row.get(3)?;
-            for p in &absent {
-                if !waits.exists(params![&p.0[..], id])?
-                    && !child_waits.exists(params![&p.0[..], id])?
-                {
-                    report.problem(
-                        Some(hash),
-                        format!("does not wait for absent predecessor {p}"),
-                    );
-                }
-            }
-            let missing: i64 = row.get(2)?;
-            if missing != absent.len() as i64 {
-                report.problem(
-                    Some(hash),
-                    format!(
-                        "missing count {missing} but {} predecessors are absent",
-                        absent.len()
-                    ),
-                );
-            }
+            let missing = check_held(
+                report,
+                hash,
+                &fact,
+                row.get(2)?,
+                &mut |h| Ok(self.seq_of(h)?.is_some()),
+                &mut |p| {
+                    Ok(waits.exists(params![&p.0[..], id])?
+                        || child_waits.exists(params![&p.0[..], id])?)
+                },
+            )?;
             wait_rows += missing;
         }
         let counter: i64 =
@@ -230,20 +149,11 @@ impl<C: Deref<Target = Connection>> Tx<'_, C> {
                 .query_row("SELECT value FROM counter WHERE name = 'held'", [], |r| {
                     r.get(0)
                 })?;
-        if counter != report.held as i64 {
-            report.problem(
-                None,
-                format!("held counter says {counter}, table has {}", report.held),
-            );
-        }
         let twice: i64 = self.conn.query_row(
             "SELECT count(*) FROM (SELECT 1 FROM held GROUP BY hash HAVING count(*) > 1)",
             [],
             |r| r.get(0),
         )?;
-        if twice > 0 {
-            report.problem(None, format!("{twice} hashes are held more than once"));
-        }
         let (by_hash, orphans_by_hash): (i64, i64) = self.conn.query_row(
             "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.id = w.waiter))
              FROM held_wait w",
@@ -258,16 +168,16 @@ impl<C: Deref<Target = Connection>> Tx<'_, C> {
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        let (rows, orphans) = (by_hash + by_parent, orphans_by_hash + orphans_by_parent);
-        if orphans > 0 {
-            report.problem(None, format!("{orphans} wait rows name no held fact"));
-        }
-        if rows != wait_rows {
-            report.problem(
-                None,
-                format!("{rows} wait rows, but held facts miss {wait_rows} predecessors"),
-            );
-        }
+        check_held_totals(
+            report,
+            HeldTotals {
+                counter,
+                twice,
+                rows: by_hash + by_parent,
+                orphans: orphans_by_hash + orphans_by_parent,
+                missing: wait_rows,
+            },
+        );
         Ok(())
     }
 }

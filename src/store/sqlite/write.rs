@@ -11,9 +11,13 @@ use super::{Shared, Turn, Tx};
 use crate::dag;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
-use crate::hash::{FactHash, HashPrefix};
-use crate::store::backend::{Arg, Dialect, EachReleased, HookRunner, ReadTx, Row, Sql, WriteTx};
-use crate::store::{BatchReport, HeldFact, InsertOutcome, Stats, StoredFact, VerifyReport};
+use crate::hash::FactHash;
+use crate::store::backend::{HookRunner, ReadTx, WriteTx};
+use crate::store::steps::{
+    Assumed, BatchHeld, Missing, Pred, batch_order, held_fact, released_predecessors,
+    split_predecessors, tally,
+};
+use crate::store::{BatchReport, InsertOutcome};
 
 /// Held-set rows a cascade has used up, removed or updated together (see
 /// [`SqliteWrite::release_waiters`]).
@@ -56,61 +60,16 @@ pub(crate) struct SqliteWrite<'a> {
     /// released since), with their `held` row ids: a fact naming one of them as a
     /// predecessor is held without looking that predecessor up, and waits for it in
     /// `held_child` by row id. `None` outside a batch.
-    batch_held: Option<HashMap<FactHash, i64, dag::BuildFactHasher>>,
+    batch_held: Option<BatchHeld>,
     /// Facts the caller said are released, as (seq, type id) (see
     /// [`WriteTx::assume_released`]): an insert naming one skips its lookup.
-    assumed: HashMap<FactHash, (i64, i64), dag::BuildFactHasher>,
+    assumed: Assumed,
 }
 
-/// Forwards the read side of a write transaction to its [`Tx`].
-macro_rules! forward_reads {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
-        $(fn $name(&self, $($arg: $ty),*) -> $ret {
-            self.tx.$name($($arg),*)
-        })*
-    };
-}
-
-impl Sql for SqliteWrite<'_> {
-    fn dialect(&self) -> Dialect {
-        Dialect::Sqlite
-    }
-    fn execute(&self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
-        self.tx.execute(sql, args)
-    }
-    fn query(
-        &self,
-        sql: &str,
-        args: &[Arg<'_>],
-        f: &mut dyn FnMut(&Row<'_>) -> Result<()>,
-    ) -> Result<()> {
-        self.tx.query(sql, args, f)
-    }
-    fn batch(&self, sql: &str) -> Result<()> {
-        self.tx.batch(sql)
-    }
-}
+crate::store::shared::forward_to_tx!(sql SqliteWrite<'_>);
 
 impl ReadTx for SqliteWrite<'_> {
-    forward_reads! {
-        get(hash: &FactHash) -> Result<Option<Fact>>;
-        lookup(hash: &FactHash) -> Result<Option<StoredFact>>;
-        fact_at(seq: i64) -> Result<Option<Fact>>;
-        seq_of(hash: &FactHash) -> Result<Option<i64>>;
-        resolve_prefix(prefix: &HashPrefix) -> Result<FactHash>;
-        name_id(role: bool, name: &str) -> Result<Option<i64>>;
-        names(role: bool) -> Result<Vec<String>>;
-        successors(seq: i64, role: Option<i64>, type_id: Option<i64>) -> Result<Vec<Fact>>;
-        walk(seq: i64, up: bool) -> Result<Vec<FactHash>>;
-        for_each_of_type(type_id: i64, f: &mut dyn FnMut(Fact) -> Result<()>) -> Result<()>;
-        held(limit: usize) -> Result<Vec<HeldFact>>;
-        for_each_released(after: i64, upto: i64, f: &mut EachReleased<'_>) -> Result<()>;
-        released_types(after: i64) -> Result<Vec<(i64, i64)>>;
-        plan(sql: &str, args: &[Arg<'_>]) -> Result<Vec<String>>;
-        last_seq() -> Result<i64>;
-        stats() -> Result<Stats>;
-        verify(progress: &mut dyn FnMut(u64)) -> Result<VerifyReport>;
-    }
+    crate::store::shared::forward_to_tx!(reads);
 
     fn held_count(&self) -> Result<u64> {
         match self.held {
@@ -262,27 +221,11 @@ impl<'a> SqliteWrite<'a> {
         fact: &Fact,
         hooks: &mut HookRunner<'_>,
     ) -> Result<InsertOutcome> {
-        let mut preds = Vec::with_capacity(4);
-        let mut missing = Vec::new();
-        for (role, set) in fact.predecessors() {
-            for hash in set {
-                if let Some(&id) = self.batch_held.as_ref().and_then(|b| b.get(hash)) {
-                    missing.push((*hash, Some(id)));
-                    continue;
-                }
-                let found = match self.assumed.get(hash) {
-                    Some(&known) => Some(known),
-                    None => self.released(hash)?,
-                };
-                match found {
-                    Some((seq, type_id)) => preds.push((role.as_str(), *hash, seq, type_id)),
-                    None => missing.push((*hash, None)),
-                }
-            }
-        }
+        let (preds, missing) =
+            split_predecessors(fact, self.batch_held.as_ref(), &self.assumed, &mut |h| {
+                self.released(h)
+            })?;
         if !missing.is_empty() {
-            missing.sort_unstable();
-            missing.dedup_by_key(|(m, _)| *m);
             return self.hold(fact, missing);
         }
         let Some((seq, type_id)) = self.insert_released(fact, &preds, hooks)? else {
@@ -309,49 +252,14 @@ impl<'a> SqliteWrite<'a> {
         hooks: &mut HookRunner<'_>,
     ) -> Result<BatchReport> {
         let mut report = BatchReport::default();
-        // A batch that starts with stored facts is probably a re-delivery: its released
-        // facts are dropped first, a lookup each, so it costs no ordering and no
-        // predecessor lookups. Otherwise facts go straight to insertion, where the unique
-        // hash of the fact table tells a duplicate apart without a lookup of its own.
-        let fresh = if self.starts_with_released(&facts)? {
-            let mut fresh = Vec::with_capacity(facts.len());
-            for fact in facts {
-                if self.released_seq(&fact.hash())?.is_some() {
-                    report.duplicates += 1;
-                } else {
-                    fresh.push(fact);
-                }
-            }
-            fresh
-        } else {
-            facts
-        };
-        let given = fresh.len() as u64;
-        let ordered = if dag::is_release_ordered(&fresh) {
-            fresh
-        } else {
-            dag::release_order(fresh)
-        };
-        report.duplicates += given - ordered.len() as u64;
+        let ordered = batch_order(facts, &mut report, &mut |h| {
+            Ok(self.released_seq(h)?.is_some())
+        })?;
         self.batch_held = Some(HashMap::with_hasher(dag::BuildFactHasher));
         let outcome = self.insert_ordered(&ordered, &mut report, hooks);
         self.batch_held = None;
         outcome?;
         Ok(report)
-    }
-
-    /// How many leading facts of a batch [`SqliteWrite::insert_batch`] looks up to tell a
-    /// re-delivered batch from a new one.
-    const PROBE: usize = 8;
-
-    /// Whether any of the first [`SqliteWrite::PROBE`] facts of `facts` is released.
-    fn starts_with_released(&self, facts: &[Fact]) -> Result<bool> {
-        for fact in facts.iter().take(Self::PROBE) {
-            if self.released_seq(&fact.hash())?.is_some() {
-                return Ok(true);
-            }
-        }
-        Ok(false)
     }
 
     /// Inserts a parents-first batch, adding the outcomes to `report`.
@@ -362,18 +270,8 @@ impl<'a> SqliteWrite<'a> {
         hooks: &mut HookRunner<'_>,
     ) -> Result<()> {
         for fact in ordered {
-            match self.insert_unreleased(fact, hooks) {
-                Ok(InsertOutcome::Inserted { released, .. }) => {
-                    report.inserted += 1;
-                    report.released += released;
-                }
-                Ok(InsertOutcome::Duplicate { .. }) => report.duplicates += 1,
-                // The batch is parents-first, so nothing later in it can release this
-                // fact: its missing ancestors are outside the batch.
-                Ok(InsertOutcome::Held { .. }) => report.held += 1,
-                Err(Error::HeldLimit { hash, .. }) => report.refused.push(hash),
-                Err(e) => return Err(e),
-            }
+            let outcome = self.insert_unreleased(fact, hooks);
+            tally(report, outcome)?;
         }
         Ok(())
     }
@@ -409,11 +307,7 @@ impl<'a> SqliteWrite<'a> {
     /// Holds `fact`, waiting for the predecessors in `missing` (each with its `held` row
     /// id when it is known to be held: those waits go to `held_child`, keyed by that id,
     /// and the others to `held_wait`, keyed by hash).
-    fn hold(
-        &mut self,
-        fact: &Fact,
-        missing: Vec<(FactHash, Option<i64>)>,
-    ) -> Result<InsertOutcome> {
+    fn hold(&mut self, fact: &Fact, missing: Vec<Missing>) -> Result<InsertOutcome> {
         let hash = fact.hash();
         // Held hashes are unique by this check: the index on their first 8 bytes is not.
         if self.is_held(&hash)? {
@@ -464,7 +358,7 @@ impl<'a> SqliteWrite<'a> {
     fn insert_released(
         &mut self,
         fact: &Fact,
-        preds: &[(&str, FactHash, i64, i64)],
+        preds: &[Pred<'_>],
         hooks: &mut HookRunner<'_>,
     ) -> Result<Option<(i64, i64)>> {
         let type_id = self.type_id(fact.type_name())?;
@@ -626,25 +520,8 @@ impl<'a> SqliteWrite<'a> {
         arrived: (FactHash, (i64, i64)),
         hooks: &mut HookRunner<'_>,
     ) -> Result<(i64, i64)> {
-        let fact =
-            crate::encoding::decode_fact(bytes, Some(*hash)).map_err(|e| Error::Corrupt {
-                hash: *hash,
-                reason: format!("held bytes do not decode: {e}"),
-            })?;
-        let mut preds = Vec::new();
-        for (role, set) in fact.predecessors() {
-            for p in set {
-                let (seq, type_id) = if *p == arrived.0 {
-                    arrived.1
-                } else {
-                    self.released(p)?.ok_or_else(|| Error::Corrupt {
-                        hash: *hash,
-                        reason: format!("released while predecessor {p} is absent"),
-                    })?
-                };
-                preds.push((role.as_str(), *p, seq, type_id));
-            }
-        }
+        let fact = held_fact(hash, bytes)?;
+        let preds = released_predecessors(hash, &fact, arrived, &mut |p| self.released(p))?;
         self.held = Some(self.held_now()? - 1);
         if let Some(batch) = &mut self.batch_held {
             batch.remove(hash);

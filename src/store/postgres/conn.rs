@@ -1,0 +1,193 @@
+//! Connections with their prepared statements, transactions over them, and the
+//! [`Sql`] seam on PostgreSQL.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use postgres::types::ToSql;
+use postgres::{Client, Statement};
+
+use super::PgBackend;
+use super::errors::backend;
+use super::params::{PgArg, Raw, rewrite, value};
+use crate::error::{BackendError, BackendErrorKind, Error, Result};
+use crate::store::backend::{Arg, Dialect, Row, RowSource, Sql, ValueRef};
+
+/// Parameters of a statement the core runs.
+pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+/// A connection and the statements prepared on it, by SQL text.
+pub(crate) struct PgConn {
+    pub(crate) client: Client,
+    statements: HashMap<String, Statement>,
+}
+
+/// Statements kept prepared per connection; past it the cache starts again.
+const STATEMENTS: usize = 256;
+
+impl PgConn {
+    pub(crate) fn new(client: Client) -> PgConn {
+        PgConn {
+            client,
+            statements: HashMap::new(),
+        }
+    }
+
+    /// The statement for `sql` (PostgreSQL's `$N` text), prepared once per connection.
+    fn prepared(
+        &mut self,
+        sql: &str,
+        reprepares: &std::sync::atomic::AtomicU64,
+    ) -> Result<Statement> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        if self.statements.len() >= STATEMENTS {
+            self.statements.clear();
+            reprepares.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let s = self.client.prepare(sql).map_err(backend)?;
+        self.statements.insert(sql.to_string(), s.clone());
+        Ok(s)
+    }
+}
+
+/// A transaction on a pooled connection: begun when made, rolled back on drop unless
+/// [`Tx::finish`] ended it; the connection goes back to the pool unless it broke.
+pub(crate) struct Tx<'a> {
+    conn: RefCell<Option<PgConn>>,
+    pub(crate) backend: &'a PgBackend,
+    open: bool,
+}
+
+impl<'a> Tx<'a> {
+    /// Begins a transaction with `begin` on a connection from the pool.
+    pub(crate) fn begin(pg: &'a PgBackend, begin: &str) -> Result<Tx<'a>> {
+        let mut conn = pg.connection()?;
+        conn.client.batch_execute(begin).map_err(backend)?;
+        Ok(Tx {
+            conn: RefCell::new(Some(conn)),
+            backend: pg,
+            open: true,
+        })
+    }
+
+    /// Ends the transaction with `end` (`COMMIT`).
+    pub(crate) fn finish(&mut self, end: &str) -> Result<()> {
+        self.open = false;
+        self.with(|c| c.client.batch_execute(end).map_err(backend))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut PgConn) -> Result<T>) -> Result<T> {
+        let mut conn = self.conn.try_borrow_mut().map_err(|_| {
+            Error::Backend(BackendError::new(
+                BackendErrorKind::Other,
+                "postgres: a statement ran inside another's row callback on one connection",
+            ))
+        })?;
+        f(conn.as_mut().expect("present until drop"))
+    }
+
+    /// Runs a statement of the core (`$N` text) and returns its rows.
+    pub(crate) fn rows(&self, sql: &str, params: Params<'_>) -> Result<Vec<postgres::Row>> {
+        let reprepares = &self.backend.shared.reprepares;
+        self.with(|c| {
+            let s = c.prepared(sql, reprepares)?;
+            c.client.query(&s, params).map_err(backend)
+        })
+    }
+
+    /// The first row of a statement of the core, if any.
+    pub(crate) fn row(&self, sql: &str, params: Params<'_>) -> Result<Option<postgres::Row>> {
+        Ok(self.rows(sql, params)?.into_iter().next())
+    }
+
+    /// Runs a statement of the core that returns no rows; returns the rows it changed.
+    pub(crate) fn exec(&self, sql: &str, params: Params<'_>) -> Result<u64> {
+        let reprepares = &self.backend.shared.reprepares;
+        self.with(|c| {
+            let s = c.prepared(sql, reprepares)?;
+            c.client.execute(&s, params).map_err(backend)
+        })
+    }
+
+    /// Runs statements without parameters.
+    pub(crate) fn simple(&self, sql: &str) -> Result<()> {
+        self.with(|c| c.client.batch_execute(sql).map_err(backend))
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.get_mut().take() else {
+            return;
+        };
+        if self.open && conn.client.batch_execute("ROLLBACK").is_err() {
+            return;
+        }
+        self.backend.give_back(conn);
+    }
+}
+
+/// A row of a client's query, read as the seam's values.
+struct PgRow<'a>(&'a postgres::Row);
+
+impl RowSource for PgRow<'_> {
+    fn value(&self, i: usize) -> Result<ValueRef<'_>> {
+        let other = |what: String| {
+            Error::Backend(BackendError::new(
+                BackendErrorKind::Other,
+                format!("column {i}: {what}"),
+            ))
+        };
+        let column = self
+            .0
+            .columns()
+            .get(i)
+            .ok_or_else(|| other(format!("no such column (the row has {})", self.0.len())))?;
+        let raw: Option<Raw<'_>> = self.0.try_get(i).map_err(backend)?;
+        value(column.type_(), raw.map(|r| r.0)).map_err(other)
+    }
+}
+
+/// Calls `f` with the seam's arguments as the driver's parameters.
+fn with_args<T>(args: &[Arg<'_>], f: impl FnOnce(Params<'_>) -> T) -> T {
+    let args: Vec<PgArg<'_>> = args.iter().map(|a| PgArg(*a)).collect();
+    let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+    f(&params)
+}
+
+impl Tx<'_> {
+    /// Runs client SQL (portable `?N` text) with the seam's arguments.
+    pub(crate) fn client_rows(&self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<postgres::Row>> {
+        with_args(args, |p| self.rows(&rewrite(sql), p))
+    }
+}
+
+impl Sql for Tx<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    fn execute(&self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
+        with_args(args, |p| self.exec(&rewrite(sql), p))
+    }
+
+    fn query(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        f: &mut dyn FnMut(&Row<'_>) -> Result<()>,
+    ) -> Result<()> {
+        // The rows are read whole before `f` sees them, so `f` may run statements of its
+        // own on this transaction.
+        for row in self.client_rows(sql, args)? {
+            f(&Row::new(&PgRow(&row)))?;
+        }
+        Ok(())
+    }
+
+    fn batch(&self, sql: &str) -> Result<()> {
+        self.simple(sql)
+    }
+}

@@ -1,0 +1,173 @@
+//! PostgreSQL's errors as backend-neutral ones: one lowercase line that says which
+//! failure it is (the server is down, the password was refused, the connection dropped
+//! mid-transaction, another writer held the lock), with the values a person needs.
+
+use std::path::PathBuf;
+
+use crate::error::{BackendError, BackendErrorKind, Error};
+
+/// SQLSTATEs that mean "try again": serialization failure, deadlock, lock not available
+/// (a `lock_timeout`), query cancelled (a `statement_timeout`).
+const BUSY: &[&str] = &["40001", "40P01", "55P03", "57014"];
+
+/// A driver error during a transaction, as [`Error::Backend`].
+pub(crate) fn backend(e: postgres::Error) -> Error {
+    let (kind, message) = describe(&e);
+    Error::Backend(BackendError::new(kind, format!("postgres: {message}")))
+}
+
+/// What went wrong, and its kind.
+fn describe(e: &postgres::Error) -> (BackendErrorKind, String) {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        let kind = if BUSY.contains(&code) {
+            BackendErrorKind::Busy
+        } else if code.starts_with("23") {
+            BackendErrorKind::Constraint
+        } else if code.starts_with("XX") {
+            BackendErrorKind::Corrupt
+        } else if code.starts_with("53") || code.starts_with("58") || code.starts_with("08") {
+            BackendErrorKind::Io
+        } else if code.starts_with("57P") {
+            return (
+                BackendErrorKind::Io,
+                format!(
+                    "the server ended the connection ({}): nothing of this transaction was committed",
+                    db.message()
+                ),
+            );
+        } else {
+            BackendErrorKind::Other
+        };
+        let mut message = format!("{} (sqlstate {code})", db.message());
+        if kind == BackendErrorKind::Busy {
+            message.push_str(": another writer held the lock past the busy timeout; try again");
+        }
+        return (kind, message);
+    }
+    if e.is_closed() || io_error(e).is_some() {
+        return (
+            BackendErrorKind::Io,
+            format!(
+                "connection to the server dropped mid-transaction ({}): nothing of this \
+                 transaction was committed (if it dropped during the commit, the commit may \
+                 have happened)",
+                one_line(e)
+            ),
+        );
+    }
+    (BackendErrorKind::Other, one_line(e))
+}
+
+/// The driver's message with its causes, on one line.
+fn one_line(e: &postgres::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let c = cause.to_string();
+        if !s.contains(&c) {
+            s.push_str(": ");
+            s.push_str(&c);
+        }
+        source = cause.source();
+    }
+    s.replace('\n', " ").to_lowercase()
+}
+
+fn io_error(e: &postgres::Error) -> Option<&std::io::Error> {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        source = cause.source();
+    }
+    None
+}
+
+/// A failure to connect, as [`Error::Open`] naming `url` (password hidden) and saying
+/// which failure it is.
+pub(crate) fn connect(e: postgres::Error, url: &str, config: &postgres::Config) -> Error {
+    let user = config.get_user().unwrap_or("(default user)");
+    let hosts = || {
+        let ports = config.get_ports();
+        config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                match h {
+                    postgres::config::Host::Tcp(h) => format!("{h}:{port}"),
+                    postgres::config::Host::Unix(p) => format!("{}:{port}", p.display()),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let reason = match (e.as_db_error(), io_error(&e)) {
+        (Some(db), _) if db.code().code() == "28P01" => {
+            format!("password refused for user {user:?} (sqlstate 28P01)")
+        }
+        (Some(db), _) if db.code().code() == "28000" => {
+            format!(
+                "the server refused user {user:?}: {} (sqlstate 28000)",
+                db.message()
+            )
+        }
+        (Some(db), _) if db.code().code() == "57P03" => {
+            format!(
+                "the server is starting up or shutting down: {}",
+                db.message()
+            )
+        }
+        (Some(db), _) => format!("{} (sqlstate {})", db.message(), db.code().code()),
+        (None, Some(io)) if io.kind() == std::io::ErrorKind::ConnectionRefused => format!(
+            "server down: connection refused at {} (is PostgreSQL running there?)",
+            hosts()
+        ),
+        (None, Some(io)) if io.kind() == std::io::ErrorKind::NotFound => format!(
+            "server down: no socket at {} (is PostgreSQL running there?)",
+            hosts()
+        ),
+        (None, Some(io)) if io.kind() == std::io::ErrorKind::TimedOut => {
+            format!("no answer from {} (connect timed out)", hosts())
+        }
+        _ if e.as_db_error().is_none() && e.to_string().contains("password missing") => {
+            format!("the server asks a password for user {user:?} and the url has none")
+        }
+        _ => format!("cannot connect to {}: {}", hosts(), one_line(&e)),
+    };
+    open(url, reason)
+}
+
+/// [`Error::Open`] for `url`, with its password hidden.
+pub(crate) fn open(url: &str, reason: String) -> Error {
+    Error::Open {
+        path: PathBuf::from(redact(url)),
+        reason,
+    }
+}
+
+/// `url` with its password hidden (see [`crate::store::shown_path`]).
+pub(crate) fn redact(url: &str) -> String {
+    crate::store::shown_path(std::path::Path::new(url))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_hidden() {
+        assert_eq!(
+            redact("postgres://u:secret@h:5/db"),
+            "postgres://u:***@h:5/db"
+        );
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            redact("postgresql://h/db?user=u&password=x&sslmode=disable"),
+            "postgresql://h/db?user=u&password=***&sslmode=disable"
+        );
+    }
+}

@@ -1,0 +1,216 @@
+//! The PostgreSQL backend: a pool of connections to one database, the schema migrations
+//! of `schema/postgres/`, and all SQL of the fact core on PostgreSQL.
+//!
+//! - `conn.rs`: connections with their prepared statements, transactions ([`conn::Tx`]),
+//!   the [`Sql`](crate::store::Sql) seam; `params.rs`: its values (`?N` rewritten to `$N`,
+//!   arguments bound as the server's inferred types, columns read back).
+//! - `errors.rs`: PostgreSQL's errors as the crate's, saying which failure it is.
+//! - `migrate.rs`: the schema versions, applied at open under a lock.
+//! - `names.rs`: type and role ids, cached.
+//! - `write.rs`: inserts, the held set and its cascades, release; `held.rs`: dropping
+//!   held facts.
+//! - `read.rs`: reads; `verify.rs`: the whole-store check.
+//!
+//! Concurrency (`docs/design.md`, "The PostgreSQL backend"): writes run READ COMMITTED
+//! and take one transaction-level advisory lock before their first fact or held-set
+//! change, so the decisions to hold or release and the numbering of releases are
+//! serialized across processes and hosts, and sequence numbers, drawn from a counter row
+//! under that lock, follow commit order with no gaps. Reads run REPEATABLE READ READ ONLY:
+//! one snapshot each.
+
+mod conn;
+mod errors;
+mod held;
+mod migrate;
+mod names;
+mod params;
+mod read;
+mod verify;
+mod write;
+
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+
+use postgres::{Client, NoTls};
+
+use super::backend::{Backend, ReadTx, WriteTx};
+use super::{Durability, StoreOptions};
+use crate::error::{Error, Result};
+pub use migrate::PG_SCHEMA_VERSION;
+use names::NameCache;
+
+/// The oldest PostgreSQL the backend runs on (`server_version_num`): 13, for
+/// `gen_random_uuid` in the core and the planner features the queries rely on.
+pub const MIN_SERVER_VERSION: i32 = 130_000;
+
+/// The advisory lock every write transaction that changes facts or the held set takes
+/// (`pg_advisory_xact_lock`), held to its commit: "prec" "dent" in ASCII.
+const WRITE_LOCK: i64 = 0x7072_6563_6465_6e74;
+
+/// Idle connections kept open between transactions.
+const IDLE: usize = 8;
+
+/// What every transaction of one backend shares.
+pub(crate) struct Shared {
+    pub(crate) names: NameCache,
+    pub(crate) options: StoreOptions,
+    pub(crate) reprepares: AtomicU64,
+}
+
+/// A store's database in PostgreSQL.
+pub struct PostgresBackend {
+    config: postgres::Config,
+    /// The URL as given, with its password hidden: what messages name.
+    url: String,
+    idle: Mutex<Vec<conn::PgConn>>,
+    pub(crate) shared: Shared,
+}
+
+pub(crate) type PgBackend = PostgresBackend;
+
+impl PostgresBackend {
+    /// Connects to the database at `url` (a libpq URL: user, password, host, port,
+    /// database, `sslmode=disable|prefer`, `application_name`, `connect_timeout`, ...),
+    /// checks the server's version and migrates the schema.
+    ///
+    /// # Errors
+    /// [`Error::Open`] saying why it cannot connect (the server is down, the password was
+    /// refused, the server is older than [`MIN_SERVER_VERSION`]);
+    /// [`Error::SchemaTooNew`]; [`Error::NeedsMigration`] for a read-only open of an older
+    /// schema.
+    pub fn open(url: &str, options: StoreOptions) -> Result<PostgresBackend> {
+        let mut config = postgres::Config::from_str(url)
+            .map_err(|e| errors::open(url, format!("not a postgresql url: {e}").to_lowercase()))?;
+        if config.get_application_name().is_none() {
+            config.application_name("precedent");
+        }
+        let backend = PostgresBackend {
+            config,
+            url: errors::redact(url),
+            idle: Mutex::new(Vec::new()),
+            shared: Shared {
+                names: NameCache::default(),
+                options,
+                reprepares: AtomicU64::new(0),
+            },
+        };
+        let mut first = backend.connect()?;
+        backend.check_version(&mut first.client)?;
+        migrate::migrate(
+            &mut first.client,
+            &backend.url,
+            backend.shared.options.read_only,
+        )?;
+        backend.give_back(first);
+        Ok(backend)
+    }
+
+    fn check_version(&self, client: &mut Client) -> Result<()> {
+        let row = client
+            .query_one(
+                "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+                &[],
+            )
+            .map_err(errors::backend)?;
+        let (num, text): (i32, String) = (row.get(0), row.get(1));
+        if num < MIN_SERVER_VERSION {
+            return Err(errors::open(
+                &self.url,
+                format!(
+                    "server is postgresql {text}, older than the {} precedent needs",
+                    MIN_SERVER_VERSION / 10_000
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A new connection, set up for the store's options.
+    fn connect(&self) -> Result<conn::PgConn> {
+        let mut client = self
+            .config
+            .connect(NoTls)
+            .map_err(|e| errors::connect(e, &self.url, &self.config))?;
+        let o = &self.shared.options;
+        let sync = match o.durability {
+            Durability::Full => "on",
+            Durability::Normal => "off",
+        };
+        client
+            .batch_execute(&format!(
+                "SET lock_timeout = {}; SET synchronous_commit = {sync}",
+                o.busy_timeout.as_millis().max(1)
+            ))
+            .map_err(errors::backend)?;
+        Ok(conn::PgConn::new(client))
+    }
+
+    /// An idle connection, or a new one.
+    pub(crate) fn connection(&self) -> Result<conn::PgConn> {
+        let idle = lock(&self.idle).pop();
+        match idle {
+            Some(c) if !c.client.is_closed() => Ok(c),
+            _ => self.connect().map_err(|e| match e {
+                // Mid-run, a failed connect is a backend failure the caller may retry,
+                // not a bad URL.
+                Error::Open { reason, .. } => Error::Backend(crate::error::BackendError::new(
+                    crate::error::BackendErrorKind::Io,
+                    format!("postgres: {reason}"),
+                )),
+                e => e,
+            }),
+        }
+    }
+
+    pub(crate) fn give_back(&self, conn: conn::PgConn) {
+        if conn.client.is_closed() {
+            return;
+        }
+        let mut idle = lock(&self.idle);
+        if idle.len() < IDLE {
+            idle.push(conn);
+        }
+    }
+
+    /// The URL the store was opened with, its password hidden.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Backend for PostgresBackend {
+    fn read(&self) -> Result<Box<dyn ReadTx + '_>> {
+        Ok(Box::new(conn::Tx::begin(
+            self,
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+        )?))
+    }
+
+    fn write(&self) -> Result<Box<dyn WriteTx + '_>> {
+        if self.shared.options.read_only {
+            return Err(Error::ReadOnly {
+                path: self.url.clone().into(),
+            });
+        }
+        Ok(Box::new(write::PgWrite::begin(self)?))
+    }
+
+    fn dialect(&self) -> crate::store::Dialect {
+        crate::store::Dialect::Postgres
+    }
+
+    fn reprepares(&self) -> u64 {
+        self.shared
+            .reprepares
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn path(&self) -> Option<&std::path::Path> {
+        None
+    }
+}

@@ -1,0 +1,418 @@
+//! Writes on PostgreSQL: idempotent insert, holding facts whose ancestors are missing,
+//! and releasing them (cascading) in the transaction that completes their ancestry; the
+//! same steps as the SQLite backend's, under the write lock.
+//!
+//! The transaction runs READ COMMITTED. Before its first fact insert or held-set change
+//! it takes the advisory lock [`super::WRITE_LOCK`] (to its commit) and reads the `held`
+//! and `seq` counters: every statement after it sees every write committed before, so
+//! "is this predecessor released?" and "who waits for this fact?" are answered for the
+//! one writer at a time, and release numbers continue the last committed one. A
+//! transaction that writes only client tables (a queue claim) never takes it.
+
+use std::collections::HashMap;
+
+use super::conn::Tx;
+use super::names::Fresh;
+use super::read::hash_at;
+use super::{PgBackend, WRITE_LOCK};
+use crate::dag;
+use crate::error::{Error, Result};
+use crate::fact::Fact;
+use crate::hash::FactHash;
+use crate::store::backend::{HookRunner, ReadTx, WriteTx};
+use crate::store::steps::{
+    Assumed, BatchHeld, Missing, Pred, batch_order, held_fact, released_predecessors,
+    split_predecessors, tally,
+};
+use crate::store::{BatchReport, InsertOutcome};
+
+/// What the write lock guards, read when it is taken.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Locked {
+    /// Held facts now.
+    pub(super) held: i64,
+    /// The last release sequence number given.
+    pub(super) seq: i64,
+}
+
+/// The write transaction of a PostgreSQL store.
+pub(crate) struct PgWrite<'a> {
+    pub(super) tx: Tx<'a>,
+    names: Fresh,
+    /// The counters under the write lock, once it is taken.
+    pub(super) locked: Option<Locked>,
+    /// The counters when the lock was taken, to write back only a change.
+    at_lock: Locked,
+    /// `locked` at each open savepoint (rolling one back gives back a lock taken in it).
+    savepoints: Vec<Option<Locked>>,
+    /// During a batch, its facts that are held, with their `held` row ids.
+    batch_held: Option<BatchHeld>,
+    /// Facts the caller said are released, as (seq, type id).
+    assumed: Assumed,
+}
+
+crate::store::shared::forward_to_tx!(sql PgWrite<'_>);
+
+impl ReadTx for PgWrite<'_> {
+    crate::store::shared::forward_to_tx!(reads);
+
+    fn held_count(&self) -> Result<u64> {
+        match self.locked {
+            Some(l) => Ok(l.held as u64),
+            None => self.tx.held_count(),
+        }
+    }
+}
+
+impl WriteTx for PgWrite<'_> {
+    fn insert(&mut self, fact: &Fact, hooks: &mut HookRunner<'_>) -> Result<InsertOutcome> {
+        self.lock()?;
+        self.insert_one(fact, hooks)
+    }
+
+    fn insert_batch(
+        &mut self,
+        facts: Vec<Fact>,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<BatchReport> {
+        self.lock()?;
+        self.insert_many(facts, hooks)
+    }
+
+    fn drop_held(&mut self, hashes: &[FactHash]) -> Result<Vec<FactHash>> {
+        self.lock()?;
+        self.drop_held_hashes(hashes)
+    }
+
+    fn drop_held_before(&mut self, held_at_ms: i64) -> Result<Vec<FactHash>> {
+        self.lock()?;
+        self.drop_held_older(held_at_ms)
+    }
+
+    fn savepoint(&mut self) -> Result<()> {
+        self.tx.simple("SAVEPOINT precedent")?;
+        self.savepoints.push(self.locked);
+        Ok(())
+    }
+
+    fn release_savepoint(&mut self) -> Result<()> {
+        self.tx.simple("RELEASE SAVEPOINT precedent")?;
+        self.savepoints.pop();
+        Ok(())
+    }
+
+    fn rollback_savepoint(&mut self) -> Result<()> {
+        self.tx
+            .simple("ROLLBACK TO SAVEPOINT precedent; RELEASE SAVEPOINT precedent")?;
+        if let Some(locked) = self.savepoints.pop() {
+            // A lock taken inside the savepoint was given back with it.
+            self.locked = locked;
+        }
+        self.names.forget();
+        self.assumed.clear();
+        Ok(())
+    }
+
+    fn assume_released(&mut self, fact: &Fact, seq: i64) -> Result<()> {
+        self.lock()?;
+        let type_id = self.names.id(&self.tx, false, fact.type_name())?;
+        self.assumed.insert(fact.hash(), (seq, type_id));
+        Ok(())
+    }
+
+    fn as_read(&self) -> &dyn ReadTx {
+        self
+    }
+
+    fn commit(mut self: Box<Self>) -> Result<()> {
+        if let Some(now) = self.locked {
+            for (name, value, before) in [
+                ("held", now.held, self.at_lock.held),
+                ("seq", now.seq, self.at_lock.seq),
+            ] {
+                if value != before {
+                    self.tx.exec(
+                        "UPDATE counter SET value = $2 WHERE name = $1",
+                        &[&name, &value],
+                    )?;
+                }
+            }
+        }
+        self.tx.finish("COMMIT")?;
+        let names = std::mem::take(&mut self.names);
+        self.tx.backend.shared.names.commit(names);
+        Ok(())
+    }
+}
+
+impl<'a> PgWrite<'a> {
+    /// Begins a write transaction (READ COMMITTED; the lock is taken at the first write
+    /// of facts).
+    pub(super) fn begin(backend: &'a PgBackend) -> Result<PgWrite<'a>> {
+        Ok(PgWrite {
+            tx: Tx::begin(backend, "BEGIN ISOLATION LEVEL READ COMMITTED")?,
+            names: Fresh::default(),
+            locked: None,
+            at_lock: Locked::default(),
+            savepoints: Vec::new(),
+            batch_held: None,
+            assumed: HashMap::default(),
+        })
+    }
+
+    /// Takes the write lock, if this transaction has not, and reads the counters it
+    /// guards. Waits up to the busy timeout (`lock_timeout`), then fails as busy.
+    pub(super) fn lock(&mut self) -> Result<Locked> {
+        if let Some(l) = self.locked {
+            return Ok(l);
+        }
+        self.tx
+            .exec("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])?;
+        // A statement of its own, so its snapshot is taken after the lock is granted.
+        let mut l = Locked::default();
+        for row in self.tx.rows(
+            "SELECT name, value FROM counter WHERE name IN ('held', 'seq')",
+            &[],
+        )? {
+            match row.get::<_, &str>(0) {
+                "held" => l.held = row.get(1),
+                _ => l.seq = row.get(1),
+            }
+        }
+        self.locked = Some(l);
+        self.at_lock = l;
+        Ok(l)
+    }
+
+    fn counters(&mut self) -> &mut Locked {
+        self.locked.as_mut().expect("the write lock is taken first")
+    }
+
+    pub(super) fn add_held(&mut self, n: i64) {
+        self.counters().held += n;
+    }
+
+    /// See [`crate::Store::insert`]: as on SQLite, a new fact is not looked up first.
+    fn insert_one(&mut self, fact: &Fact, hooks: &mut HookRunner<'_>) -> Result<InsertOutcome> {
+        let (preds, missing) =
+            split_predecessors(fact, self.batch_held.as_ref(), &self.assumed, &mut |h| {
+                self.released(h)
+            })?;
+        if !missing.is_empty() {
+            return self.hold(fact, missing);
+        }
+        match self.write_released(fact, &preds, hooks)? {
+            None => Ok(InsertOutcome::Duplicate {
+                seq: self.tx.seq_of(&fact.hash())?,
+            }),
+            Some((seq, ty)) => {
+                let released = 1 + self.cascade(fact.hash(), (seq, ty), hooks)?;
+                Ok(InsertOutcome::Inserted { seq, released })
+            }
+        }
+    }
+
+    /// See [`crate::Writer::insert_batch`]: the SQLite backend's steps.
+    fn insert_many(&mut self, facts: Vec<Fact>, hooks: &mut HookRunner<'_>) -> Result<BatchReport> {
+        let mut report = BatchReport::default();
+        let ordered = batch_order(facts, &mut report, &mut |h| {
+            Ok(self.tx.seq_of(h)?.is_some())
+        })?;
+        self.batch_held = Some(HashMap::with_hasher(dag::BuildFactHasher));
+        let mut outcome = Ok(());
+        for fact in &ordered {
+            let one = self.insert_one(fact, hooks);
+            outcome = tally(&mut report, one);
+            if outcome.is_err() {
+                break;
+            }
+        }
+        self.batch_held = None;
+        outcome.map(|()| report)
+    }
+
+    /// The seq and type id of `hash`, if released.
+    fn released(&self, hash: &FactHash) -> Result<Option<(i64, i64)>> {
+        let row = self.tx.row(
+            "SELECT seq, type_id FROM fact WHERE hash = $1",
+            &[&&hash.0[..]],
+        )?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
+    }
+
+    /// The held row id of `hash`, if it is held.
+    pub(super) fn held_id(&self, hash: &FactHash) -> Result<Option<(i64, Vec<u8>)>> {
+        let row = self.tx.row(
+            "SELECT id, bytes FROM held WHERE substr(hash, 1, 8) = substr($1::bytea, 1, 8) AND hash = $1",
+            &[&&hash.0[..]],
+        )?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
+    }
+
+    /// Holds `fact` waiting for `missing` (with the held row id of each that is held in
+    /// this batch: that wait goes to `held_child`; the others to `held_wait`).
+    fn hold(&mut self, fact: &Fact, missing: Vec<Missing>) -> Result<InsertOutcome> {
+        let hash = fact.hash();
+        if self.held_id(&hash)?.is_some() {
+            return Ok(InsertOutcome::Duplicate { seq: None });
+        }
+        let max = self.tx.backend.shared.options.max_held;
+        if self.counters().held as u64 >= max {
+            return Err(Error::HeldLimit { limit: max, hash });
+        }
+        let now = self.tx.backend.shared.options.clock.now_ms();
+        let id: i64 = self.tx.rows(
+            "INSERT INTO held (hash, bytes, missing, held_at) VALUES ($1, $2, $3, $4) RETURNING id",
+            &[
+                &&hash.0[..],
+                &fact.canonical_bytes(),
+                &(missing.len() as i64),
+                &now,
+            ],
+        )?[0]
+            .get(0);
+        if let Some(batch) = &mut self.batch_held {
+            batch.insert(hash, id);
+        }
+        for (m, parent) in &missing {
+            match parent {
+                Some(parent) => self.tx.exec(
+                    "INSERT INTO held_child (parent, waiter) VALUES ($1, $2)",
+                    &[parent, &id],
+                )?,
+                None => self.tx.exec(
+                    "INSERT INTO held_wait (missing, waiter) VALUES ($1, $2)",
+                    &[&&m.0[..], &id],
+                )?,
+            };
+        }
+        self.add_held(1);
+        Ok(InsertOutcome::Held {
+            missing: missing.into_iter().map(|(m, _)| m).collect(),
+        })
+    }
+
+    /// Writes a fact whose predecessors are all released, with the next sequence number,
+    /// its edges, and calls the release hooks; `None` if it was released already.
+    fn write_released(
+        &mut self,
+        fact: &Fact,
+        preds: &[Pred<'_>],
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<Option<(i64, i64)>> {
+        let type_id = self.names.id(&self.tx, false, fact.type_name())?;
+        let seq = self.counters().seq + 1;
+        let added = self.tx.exec(
+            "INSERT INTO fact (seq, hash, type_id, bytes) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (hash) DO NOTHING",
+            &[&seq, &&fact.hash().0[..], &type_id, &fact.canonical_bytes()],
+        )?;
+        if added == 0 {
+            return Ok(None);
+        }
+        self.counters().seq = seq;
+        for (role, _, pred_seq, pred_type) in preds {
+            let role_id = self.names.id(&self.tx, true, role)?;
+            self.tx.exec(
+                "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
+                 VALUES ($1, $2, $3, $4, $5)",
+                &[pred_seq, &role_id, &type_id, &seq, pred_type],
+            )?;
+        }
+        let known = |h: &FactHash| preds.iter().find(|p| p.1 == *h).map(|p| p.2);
+        hooks.released(&self.tx, fact, seq, &known)?;
+        Ok(Some((seq, type_id)))
+    }
+
+    /// Releases every held fact that waited only for `first` or for facts this releases,
+    /// depth first, removing their held rows and waits as it goes; returns how many.
+    fn cascade(
+        &mut self,
+        first: FactHash,
+        first_at: (i64, i64),
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<u64> {
+        if self.counters().held == 0 {
+            return Ok(0);
+        }
+        let mut released = 0;
+        let mut stack = vec![(first, first_at, None::<i64>)];
+        while let Some((arrived, at, held_id)) = stack.pop() {
+            let mut waiters: Vec<i64> = self
+                .tx
+                .rows(
+                    "DELETE FROM held_wait WHERE missing = $1 RETURNING waiter",
+                    &[&&arrived.0[..]],
+                )?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            // In key order, as SQLite reads them: waits by hash, then by held parent.
+            waiters.sort_unstable();
+            if let Some(parent) = held_id {
+                let mut children: Vec<i64> = self
+                    .tx
+                    .rows(
+                        "DELETE FROM held_child WHERE parent = $1 RETURNING waiter",
+                        &[&parent],
+                    )?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                children.sort_unstable();
+                waiters.extend(children);
+            }
+            for waiter in waiters {
+                // One arrival less to wait for; at zero the row goes and the fact is
+                // released.
+                let row = self.tx.row(
+                    "UPDATE held SET missing = missing - 1 WHERE id = $1 AND missing > 1
+                         RETURNING id",
+                    &[&waiter],
+                )?;
+                if row.is_some() {
+                    continue;
+                }
+                let Some(row) = self.tx.row(
+                    "DELETE FROM held WHERE id = $1 RETURNING hash, bytes",
+                    &[&waiter],
+                )?
+                else {
+                    return Err(Error::Corrupt {
+                        hash: arrived,
+                        reason: format!("a wait record names held row {waiter}, which is absent"),
+                    });
+                };
+                let hash = hash_at(&row, 0)?;
+                let at = self.release_held(&hash, row.get(1), (arrived, at), hooks)?;
+                released += 1;
+                stack.push((hash, at, Some(waiter)));
+            }
+        }
+        Ok(released)
+    }
+
+    /// Moves a held fact whose ancestors are all released into the fact table; `arrived`
+    /// is the predecessor whose release completed it, with its seq and type id.
+    fn release_held(
+        &mut self,
+        hash: &FactHash,
+        bytes: &[u8],
+        arrived: (FactHash, (i64, i64)),
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<(i64, i64)> {
+        let fact = held_fact(hash, bytes)?;
+        let preds = released_predecessors(hash, &fact, arrived, &mut |p| self.released(p))?;
+        self.add_held(-1);
+        if let Some(batch) = &mut self.batch_held {
+            batch.remove(hash);
+        }
+        match self.write_released(&fact, &preds, hooks)? {
+            Some(at) => Ok(at),
+            None => self.released(hash)?.ok_or_else(|| Error::Corrupt {
+                hash: *hash,
+                reason: "neither inserted nor found released".into(),
+            }),
+        }
+    }
+}

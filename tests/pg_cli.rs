@@ -1,0 +1,79 @@
+//! The core commands with `--db postgres://...` on a real cluster (tests/common/pg.rs):
+//! `init`, `add`, `import`, `get`, `held`, `export`, `verify`, `stats`.
+
+mod common;
+
+use std::path::Path;
+
+use common::bin::{code, run, stderr, stdout};
+use common::{chain, pg};
+use precedent::json;
+use serde_json::Value as Json;
+
+fn ok(url: &str, args: &[&str], stdin: &[u8]) -> String {
+    let out = run(Path::new(url), args, stdin);
+    assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+fn the_core_commands_run_on_postgres() {
+    let Some(db) = pg::db() else { return };
+    let url = db.url.as_str();
+    let init: Json = serde_json::from_str(&ok(url, &["--json", "init"], b"")).unwrap();
+    assert_eq!(init["path"], url);
+    let shop = ok(
+        url,
+        &["add", r#"{"type":"Shop","fields":{"name":"corner"}}"#],
+        b"",
+    );
+    let shop = shop.trim();
+    assert_eq!(shop.len(), 64);
+    let got: Json = serde_json::from_str(&ok(url, &["--json", "get", &shop[..10]], b"")).unwrap();
+    assert_eq!(got["fact"]["type"], "Shop", "{got}");
+    assert_eq!(got["seq"], 1);
+
+    // A chain given last link first: held until its root arrives, all in one import.
+    let mut links = chain(30);
+    links.reverse();
+    let lines: String = links
+        .iter()
+        .map(|f| json::to_json(f).to_string() + "\n")
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("links.jsonl");
+    std::fs::write(&file, &lines).unwrap();
+    let report: Json =
+        serde_json::from_str(&ok(url, &["--json", "import", file.to_str().unwrap()], b"")).unwrap();
+    assert_eq!(
+        (report["inserted"].as_i64(), report["held"].as_i64()),
+        (Some(30), Some(0))
+    );
+    assert_eq!(ok(url, &["--json", "held"], b""), "");
+
+    // A fact waiting for one that never comes.
+    let orphan = format!(
+        r#"{{"type":"Orphan","fields":{{}},"predecessors":{{"p":"{}"}}}}"#,
+        "ab".repeat(32)
+    );
+    let held: Json = serde_json::from_str(&ok(url, &["--json", "add", &orphan], b"")).unwrap();
+    assert_eq!(held["outcome"], "held");
+    assert_eq!(ok(url, &["--json", "held"], b"").lines().count(), 1);
+
+    let export = ok(url, &["export"], b"");
+    assert_eq!(export.lines().count(), 31);
+    let stats: Json = serde_json::from_str(&ok(url, &["--json", "stats"], b"")).unwrap();
+    assert_eq!(stats["released"], 31, "{stats}");
+    assert_eq!(stats["held"], 1);
+    assert_eq!(stats["per_type"]["Link"], 30);
+    let verify = run(Path::new(url), &["verify"], b"");
+    assert_eq!(code(&verify), 0, "{}", stderr(&verify));
+
+    // A server that is down: one line saying so, no password shown.
+    let down = pg::down_url().replace("postgres@", "postgres:hunter2@");
+    let out = run(Path::new(&down), &["stats"], b"");
+    assert_ne!(code(&out), 0);
+    let err = stderr(&out);
+    assert!(err.contains("server down"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
