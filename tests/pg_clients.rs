@@ -4,9 +4,6 @@
 //! `SKIPPED` line, where PostgreSQL is not installed; under CI that is a failure).
 //! The tests on a store need the `postgres` feature (the backend).
 
-// Until the backend's branch declares the `postgres` feature, its module is left out.
-#![allow(unexpected_cfgs)]
-
 mod common;
 
 use std::cmp::Ordering;
@@ -371,22 +368,24 @@ mod on_a_store {
     use std::collections::HashSet;
     use std::sync::{Arc, Mutex};
 
+    use precedent::clock::ManualClock;
     use precedent::query::Givens;
     use precedent::queue::{Completion, FailOutcome, Failure, QueueSpec};
     use precedent::{Fact, FactHash, Store, StoreOptions, Value};
 
     use super::pg;
 
-    /// A fresh PostgreSQL store (`None`: PostgreSQL is not installed).
-    fn pg_store() -> Option<Store> {
-        let db = pg::db()?;
-        Some(Store::open_postgres(&db.url, StoreOptions::default()).expect("open on PostgreSQL"))
-    }
-
-    /// Runs `f` on a new SQLite store and a new PostgreSQL store; returns both outputs.
+    /// Runs `f` on a new SQLite store and a new PostgreSQL store, each with a clock that
+    /// stands still (backoffs and leases do not depend on how fast a backend is);
+    /// returns both outputs.
     fn on_both(f: impl Fn(&Store) -> String) -> Option<(String, String)> {
-        let pg = pg_store()?;
-        let sqlite = Store::open_in_memory().expect("open SQLite");
+        let still = || StoreOptions {
+            clock: ManualClock::starting_at(1_700_000_000_000),
+            ..StoreOptions::default()
+        };
+        let db = pg::db()?;
+        let pg = Store::open_postgres(&db.url, still()).expect("open on PostgreSQL");
+        let sqlite = Store::open_in_memory_with(still()).expect("open SQLite");
         Some((f(&sqlite), f(&pg)))
     }
 
@@ -569,6 +568,30 @@ mod on_a_store {
             let again = store.claim("ship", 10).unwrap();
             out.push(format!("claimed again {}", again.len()));
             out.push(format!("{:?}", store.queue_check(None).unwrap()));
+            let extended = store.extend(&again[0]).unwrap();
+            out.push(format!(
+                "extended by {}",
+                extended.expires_at_ms - again[0].expires_at_ms
+            ));
+            let item = store
+                .queue_item("ship", &again[0].input.hash())
+                .unwrap()
+                .unwrap();
+            out.push(format!("{:?} attempts {}", item.state, item.attempts));
+            // A queue declared over stored facts is back-filled from them.
+            let audit = QueueSpec::new(
+                "audit",
+                "Order",
+                vec![Completion {
+                    type_name: "Audited".into(),
+                    role: "order".into(),
+                }],
+            );
+            store.declare_queue(&audit).unwrap();
+            let s = store.queue_stats("audit").unwrap();
+            out.push(format!("audit ready {}", s.ready));
+            store.drop_queue("audit").unwrap();
+            out.push(format!("queues {}", store.queues().unwrap().len()));
             out.join("\n")
         }) else {
             return;
