@@ -801,4 +801,96 @@ mod on_a_store {
         };
         assert_eq!(pg, sqlite);
     }
+    /// The released set as count and XOR of hashes (`digest_since`, on the store's
+    /// own backend): equal sets, equal pairs.
+    #[cfg(all(feature = "server", feature = "client"))]
+    fn released(store: &Store) -> (u64, [u8; 32]) {
+        let d = store
+            .digest_since(precedent::sync::SetDigest::default())
+            .unwrap();
+        (d.count, d.xor)
+    }
+
+    /// `n` facts of type `t` below `root`, each naming the root or an earlier one.
+    #[cfg(all(feature = "server", feature = "client"))]
+    fn tree(t: &str, root: &Fact, n: usize) -> Vec<Fact> {
+        let mut out: Vec<Fact> = Vec::new();
+        for i in 0..n {
+            let parent = if i == 0 {
+                root.hash()
+            } else {
+                out[i / 2].hash()
+            };
+            out.push(
+                Fact::builder(t)
+                    .field("i", i as i64)
+                    .predecessor("up", parent)
+                    .build()
+                    .unwrap(),
+            );
+        }
+        out
+    }
+
+    /// A PostgreSQL store syncs as a client with an SQLite node's server, in both
+    /// directions, again with nothing to move, and scoped: sync's store side (bookmarks,
+    /// digests, pages, held facts pushed) on PostgreSQL. (A sync server on a PostgreSQL
+    /// store does not start yet: the blocking driver refuses to run inside the server's
+    /// runtime.)
+    #[cfg(all(feature = "server", feature = "client"))]
+    #[test]
+    fn a_postgres_store_syncs_with_an_sqlite_node() {
+        use precedent::sync::client::{Client, ClientOptions, SyncOptions};
+        use precedent::sync::server::{Running, ServerConfig};
+
+        let Some(db) = pg::db() else { return };
+        let hub = Store::open_postgres(&db.url, StoreOptions::default()).unwrap();
+        let root = Fact::builder("Root").field("n", 1).build().unwrap();
+        let other = Fact::builder("Root").field("n", 2).build().unwrap();
+        hub.insert(&root).unwrap();
+        for f in tree("Hub", &root, 40) {
+            hub.insert(&f).unwrap();
+        }
+        let sync = |store: &Store, url: &str, roots: Vec<FactHash>| {
+            let client = Client::new(url, ClientOptions::default()).unwrap();
+            let options = SyncOptions {
+                roots,
+                ..SyncOptions::default()
+            };
+            let r = client.sync(store, &options, &mut |_| {}).unwrap();
+            assert_eq!(r.quarantined, 0);
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("edge.db");
+        let edge = Store::open(&path).unwrap();
+        for f in [&root, &other] {
+            edge.insert(f).unwrap();
+        }
+        for f in tree("Edge", &root, 25)
+            .iter()
+            .chain(&tree("Far", &other, 10))
+        {
+            edge.insert(f).unwrap();
+        }
+        let mut config = ServerConfig::new(&path);
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        let server = Running::start(config).unwrap();
+        let url = server.url();
+        sync(&hub, &url, Vec::new());
+        assert_eq!(released(&hub), released(&edge));
+        let peer = hub.peer(&url).unwrap().unwrap();
+        assert_eq!(peer.remote_seq, edge.max_seq().unwrap());
+        assert!(peer.pull_after > 0 && peer.push_after > 0, "{peer:?}");
+        assert_eq!(peer.last_error, None);
+        // Again: nothing moves, the bookmarks stand.
+        sync(&hub, &url, Vec::new());
+        assert_eq!(hub.peer(&url).unwrap().unwrap().pull_after, peer.pull_after);
+        // A scoped PostgreSQL store gets the root's descendants and their ancestors only.
+        let Some(db) = pg::db() else { return };
+        let scoped = Store::open_postgres(&db.url, StoreOptions::default()).unwrap();
+        sync(&scoped, &url, vec![root.hash()]);
+        assert_eq!(released(&scoped).0, released(&edge).0 - 11);
+        assert_eq!(scoped.peers().unwrap().len(), 1);
+        server.stop().unwrap();
+    }
 }
