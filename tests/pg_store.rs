@@ -506,7 +506,16 @@ fn ingest_rate() {
     let facts = chain(20_000);
     let dir = tempfile::tempdir().unwrap();
     let sqlite = Store::open(dir.path().join("s.db")).unwrap();
-    for (name, store) in [("postgres", open(&db)), ("sqlite", sqlite)] {
+    let Some(bare) = pg::db() else { return };
+    let runs = [
+        ("postgres", open(&db)),
+        (
+            "postgres, no queue hook",
+            open_with(&bare, StoreOptions::bare()),
+        ),
+        ("sqlite", sqlite),
+    ];
+    for (name, store) in runs {
         let start = Instant::now();
         for part in facts.chunks(1000) {
             store.insert_batch(part.to_vec()).unwrap();
