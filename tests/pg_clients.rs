@@ -101,6 +101,9 @@ fn leaf() -> impl Strategy<Value = Value> {
             .prop_map(Value::Float),
         prop::sample::select(special_floats()).prop_map(Value::Float),
         "[ab\u{e9}\u{20ac}\u{1f600}]{0,3}".prop_map(Value::Text),
+        // Long enough for a length byte after the head (24 bytes and more).
+        "[a\u{e9}]{20,40}".prop_map(Value::Text),
+        prop::collection::vec(any::<u8>(), 22..40).prop_map(Value::Bytes),
         prop::collection::vec(prop::sample::select(vec![0u8, 1, 0x61, 0xc3, 0xff]), 0..3)
             .prop_map(Value::Bytes),
     ]
@@ -137,11 +140,15 @@ fn near(v: Value) -> impl Strategy<Value = Value> {
     prop_oneof![Just(v), Just(twin), Just(bump), value()]
 }
 
+/// A field name whose head takes two bytes.
+const LONG_NAME: &str = "a field name longer than 24 bytes";
+
 /// A fact of type `T` with the field `name` set to `v` (absent: `None`) among others.
 fn fact(name: &str, v: Option<&Value>) -> Fact {
     let mut b = Fact::builder("T")
         .field("c", 1)
-        .field("zzzz", Value::Array(vec![Value::Text("x".into())]));
+        .field("zzzz", Value::Array(vec![Value::Text("x".into())]))
+        .field(LONG_NAME.replace('e', "f"), Value::Text("y".repeat(30)));
     if let Some(v) = v {
         b = b.field(name, v.clone());
     }
@@ -277,7 +284,7 @@ proptest! {
     fn query_functions_agree_with_predicate(
         (a, b) in value().prop_flat_map(|a| (Just(a.clone()), near(a))),
         c in value(),
-        name in prop::sample::select(vec!["a", "\u{e9}t\u{e9}", "b"]),
+        name in prop::sample::select(vec!["a", "\u{e9}t\u{e9}", "b", LONG_NAME]),
         missing in prop::bool::weighted(0.1),
     ) {
         let Some(db) = functions_db() else { return Ok(()) };
