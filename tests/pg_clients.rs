@@ -741,6 +741,43 @@ mod on_a_store {
         assert_eq!(pg, sqlite);
     }
 
+    /// A lease that expired and was claimed again by another store is lost: its late
+    /// completion is refused and writes nothing; the new lease completes.
+    #[test]
+    fn an_expired_lease_claimed_elsewhere_is_lost() {
+        let Some(db) = pg::db() else { return };
+        let clock = ManualClock::starting_at(1_700_000_000_000);
+        let open = || {
+            let options = StoreOptions {
+                clock: clock.clone(),
+                ..StoreOptions::default()
+            };
+            Store::open_postgres(&db.url, options).unwrap()
+        };
+        let (a, b) = (open(), open());
+        ship_queue(&a, 5);
+        a.insert(&plain_order(1)).unwrap();
+        let first = a.claim("ship", 1).unwrap().pop().unwrap();
+        assert!(b.claim("ship", 1).unwrap().is_empty(), "the lease is live");
+        clock.advance(first.expires_at_ms - 1_700_000_000_000 + 1);
+        let second = b.claim("ship", 1).unwrap().pop().expect("claimed again");
+        let late = a.complete(&first, |w| {
+            w.insert(&first.completion().field("by", "a").build()?)?;
+            Ok(())
+        });
+        assert!(
+            matches!(late, Err(precedent::Error::LeaseLost { .. })),
+            "{late:?}"
+        );
+        b.complete(&second, |w| {
+            w.insert(&second.completion().field("by", "b").build()?)?;
+            Ok(())
+        })
+        .unwrap();
+        let s = a.queue_stats("ship").unwrap();
+        assert_eq!((s.completed, s.ready, s.leased), (1, 0, 0));
+    }
+
     #[test]
     fn sync_state_as_on_sqlite() {
         let Some((sqlite, pg)) = on_both(|store| {
