@@ -20,6 +20,10 @@ fn ok(url: &str, args: &[&str], stdin: &[u8]) -> String {
 fn the_core_commands_run_on_postgres() {
     let Some(db) = pg::db() else { return };
     let url = db.url.as_str();
+    // A command that reads, on a database with no schema: refused, nothing created.
+    let out = run(Path::new(url), &["stats"], b"");
+    assert_ne!(code(&out), 0);
+    assert!(stderr(&out).contains("precedent init"), "{}", stderr(&out));
     let init: Json = serde_json::from_str(&ok(url, &["--json", "init"], b"")).unwrap();
     assert_eq!(init["path"], url);
     let shop = ok(

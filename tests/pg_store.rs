@@ -224,11 +224,21 @@ fn verify_rehashes_every_row() {
 #[test]
 fn a_read_only_store_refuses_writes() {
     let Some(db) = pg::db() else { return };
-    drop(open(&db));
     let options = StoreOptions {
         read_only: true,
         ..StoreOptions::default()
     };
+    // An empty database: nothing to read, and nothing is created.
+    let err = Store::open_with(&db.url, options.clone())
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(err, Error::Open { .. }), "{err:?}");
+    assert!(err.to_string().contains("precedent init"), "{err}");
+    assert_eq!(
+        db.psql("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"),
+        "0"
+    );
+    drop(open(&db));
     let store = open_with(&db, options);
     assert_eq!(store.stats().unwrap().released, 0);
     assert!(matches!(
