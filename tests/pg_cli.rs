@@ -76,7 +76,7 @@ fn the_core_commands_run_on_postgres() {
     // A server that is down: one line saying so, no password shown.
     let down = pg::down_url().replace("postgres@", "postgres:hunter2@");
     let out = run(Path::new(&down), &["stats"], b"");
-    assert_ne!(code(&out), 0);
+    assert_eq!(code(&out), 4, "the exit code of a database error (README)");
     let err = stderr(&out);
     assert!(err.contains("server down"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
