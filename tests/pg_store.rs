@@ -416,8 +416,10 @@ fn sequence_numbers_follow_commit_order() {
                         store.insert(&root).unwrap();
                         store.insert(&kid).unwrap();
                     } else {
-                        // Child first: held, then released by its parent.
-                        store.insert_batch(vec![kid, root]).unwrap();
+                        // Child first, in a transaction of its own: held, then released
+                        // by its parent's.
+                        assert!(store.insert(&kid).unwrap().is_held());
+                        assert_eq!(store.insert(&root).unwrap().released(), 2);
                     }
                 }
             })
