@@ -224,11 +224,21 @@ fn verify_rehashes_every_row() {
 #[test]
 fn a_read_only_store_refuses_writes() {
     let Some(db) = pg::db() else { return };
-    drop(open(&db));
     let options = StoreOptions {
         read_only: true,
         ..StoreOptions::default()
     };
+    // An empty database: nothing to read, and nothing is created.
+    let err = Store::open_with(&db.url, options.clone())
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(err, Error::Open { .. }), "{err:?}");
+    assert!(err.to_string().contains("precedent init"), "{err}");
+    assert_eq!(
+        db.psql("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"),
+        "0"
+    );
+    drop(open(&db));
     let store = open_with(&db, options);
     assert_eq!(store.stats().unwrap().released, 0);
     assert!(matches!(
@@ -406,8 +416,10 @@ fn sequence_numbers_follow_commit_order() {
                         store.insert(&root).unwrap();
                         store.insert(&kid).unwrap();
                     } else {
-                        // Child first: held, then released by its parent.
-                        store.insert_batch(vec![kid, root]).unwrap();
+                        // Child first, in a transaction of its own: held, then released
+                        // by its parent's.
+                        assert!(store.insert(&kid).unwrap().is_held());
+                        assert_eq!(store.insert(&root).unwrap().released(), 2);
                     }
                 }
             })
