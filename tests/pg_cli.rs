@@ -20,6 +20,10 @@ fn ok(url: &str, args: &[&str], stdin: &[u8]) -> String {
 fn the_core_commands_run_on_postgres() {
     let Some(db) = pg::db() else { return };
     let url = db.url.as_str();
+    // A command that reads, on a database with no schema: refused, nothing created.
+    let out = run(Path::new(url), &["stats"], b"");
+    assert_ne!(code(&out), 0);
+    assert!(stderr(&out).contains("precedent init"), "{}", stderr(&out));
     let init: Json = serde_json::from_str(&ok(url, &["--json", "init"], b"")).unwrap();
     assert_eq!(init["path"], url);
     let shop = ok(
@@ -72,7 +76,7 @@ fn the_core_commands_run_on_postgres() {
     // A server that is down: one line saying so, no password shown.
     let down = pg::down_url().replace("postgres@", "postgres:hunter2@");
     let out = run(Path::new(&down), &["stats"], b"");
-    assert_ne!(code(&out), 0);
+    assert_eq!(code(&out), 4, "the exit code of a database error (README)");
     let err = stderr(&out);
     assert!(err.contains("server down"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");

@@ -224,11 +224,21 @@ fn verify_rehashes_every_row() {
 #[test]
 fn a_read_only_store_refuses_writes() {
     let Some(db) = pg::db() else { return };
-    drop(open(&db));
     let options = StoreOptions {
         read_only: true,
         ..StoreOptions::default()
     };
+    // An empty database: nothing to read, and nothing is created.
+    let err = Store::open_with(&db.url, options.clone())
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(err, Error::Open { .. }), "{err:?}");
+    assert!(err.to_string().contains("precedent init"), "{err}");
+    assert_eq!(
+        db.psql("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"),
+        "0"
+    );
+    drop(open(&db));
     let store = open_with(&db, options);
     assert_eq!(store.stats().unwrap().released, 0);
     assert!(matches!(
@@ -406,8 +416,10 @@ fn sequence_numbers_follow_commit_order() {
                         store.insert(&root).unwrap();
                         store.insert(&kid).unwrap();
                     } else {
-                        // Child first: held, then released by its parent.
-                        store.insert_batch(vec![kid, root]).unwrap();
+                        // Child first, in a transaction of its own: held, then released
+                        // by its parent's.
+                        assert!(store.insert(&kid).unwrap().is_held());
+                        assert_eq!(store.insert(&root).unwrap().released(), 2);
                     }
                 }
             })
@@ -433,4 +445,98 @@ fn sequence_numbers_follow_commit_order() {
     let store = open(&db);
     assert_eq!(store.held_count().unwrap(), 0);
     assert!(store.verify(|_| {}).unwrap().is_clean());
+}
+
+/// A writer waiting for another's lock past the busy timeout fails as busy, having
+/// written nothing; the same insert succeeds once the lock is free.
+#[test]
+fn a_writer_held_off_past_the_busy_timeout_is_busy() {
+    let Some(db) = pg::db() else { return };
+    let holder = open(&db);
+    let waiter = open_with(
+        &db,
+        StoreOptions {
+            busy_timeout: Duration::from_millis(200),
+            ..StoreOptions::default()
+        },
+    );
+    let late = fact("Late", 1, &[]);
+    holder
+        .write(|w| {
+            w.insert(&fact("First", 1, &[]))?;
+            let err = waiter.insert(&late).unwrap_err();
+            assert!(err.is_busy(), "{err}");
+            assert!(err.to_string().contains("busy timeout"), "{err}");
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(waiter.insert(&late).unwrap().released(), 1);
+    assert_eq!(waiter.seq_of(&late.hash()).unwrap(), Some(2));
+}
+
+/// Connections cut by the server (as a restart would): the transaction that was open
+/// fails saying so and commits nothing; the next one runs on a new connection.
+#[test]
+fn a_connection_dropped_mid_transaction_says_so_and_the_next_reconnects() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    let (a, b) = (fact("A", 1, &[]), fact("B", 1, &[]));
+    store.insert(&fact("Before", 1, &[])).unwrap();
+    let kill = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    let err = store
+        .write(|w| {
+            w.insert(&a)?;
+            db.psql(kill);
+            w.insert(&b)
+        })
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(&err, Error::Backend(e) if e.kind == precedent::error::BackendErrorKind::Io),
+        "{err:?}"
+    );
+    assert!(
+        text.contains("nothing of this transaction was committed"),
+        "{text}"
+    );
+    assert!(!text.contains('\n'), "{text}");
+    // Idle connections were cut too: the next transactions reconnect.
+    db.psql(kill);
+    assert_eq!(store.seq_of(&a.hash()).unwrap(), None);
+    assert_eq!(store.insert(&a).unwrap().released(), 1);
+    assert_eq!(store.insert(&b).unwrap().released(), 1);
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+}
+
+/// Not a check: how fast a batch is stored on PostgreSQL beside SQLite, on this machine
+/// (`cargo test --test pg_store ingest -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn ingest_rate() {
+    let Some(db) = pg::db() else { return };
+    let facts = chain(20_000);
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = Store::open(dir.path().join("s.db")).unwrap();
+    let Some(bare) = pg::db() else { return };
+    let runs = [
+        ("postgres", open(&db)),
+        (
+            "postgres, no queue hook",
+            open_with(&bare, StoreOptions::bare()),
+        ),
+        ("sqlite", sqlite),
+    ];
+    for (name, store) in runs {
+        let start = Instant::now();
+        for part in facts.chunks(1000) {
+            store.insert_batch(part.to_vec()).unwrap();
+        }
+        let s = start.elapsed().as_secs_f64();
+        eprintln!(
+            "{name}: {} facts in {s:.2} s, {:.0}/s",
+            facts.len(),
+            facts.len() as f64 / s
+        );
+    }
 }

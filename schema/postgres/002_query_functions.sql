@@ -52,9 +52,19 @@ $fn$;
 CREATE OR REPLACE FUNCTION pq_cbor_skip(b bytea, pos integer) RETURNS integer
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
 DECLARE
-    h record := pq_cbor_head(b, pos);
-    p integer := h.body;
+    ib integer := get_byte(b, pos);
+    h record;
+    p integer;
 BEGIN
+    -- Without a call for what needs none: numbers, simple values, short text and bytes.
+    IF ib < 64 OR ib >= 224 THEN
+        RETURN pos + 1 + CASE ib & 31 WHEN 24 THEN 1 WHEN 25 THEN 2 WHEN 26 THEN 4
+            WHEN 27 THEN 8 ELSE 0 END;
+    ELSIF ib < 128 AND (ib & 31) < 24 THEN
+        RETURN pos + 1 + (ib & 31);
+    END IF;
+    h := pq_cbor_head(b, pos);
+    p := h.body;
     IF h.major IN (2, 3) THEN
         RETURN h.body + h.arg::integer;
     ELSIF h.major = 4 THEN
@@ -83,25 +93,34 @@ DECLARE
     h record;
     n bigint;
     p integer;
+    kl bigint;
+    body integer;
 BEGIN
     IF length(b) < 4 OR get_byte(b, 0) <> 132 OR get_byte(b, 1) <> 1 THEN
         RETURN NULL;
     END IF;
-    h := pq_cbor_head(b, 2);
-    h := pq_cbor_head(b, h.body + h.arg::integer);
+    h := pq_cbor_head(b, pq_cbor_skip(b, 2));
     IF h.major <> 5 THEN
         RETURN NULL;
     END IF;
     n := h.arg;
     p := h.body;
     FOR i IN 1 .. n LOOP
-        h := pq_cbor_head(b, p);
-        p := h.body + h.arg::integer;
-        IF h.arg = klen AND substr(b, h.body + 1, klen) = key THEN
+        -- A key is text; one shorter than 24 bytes has its length in its first byte.
+        kl := get_byte(b, p) - 96;
+        IF kl < 24 THEN
+            body := p + 1;
+        ELSE
+            h := pq_cbor_head(b, p);
+            kl := h.arg;
+            body := h.body;
+        END IF;
+        p := body + kl;
+        IF kl = klen AND substr(b, body + 1, klen) = key THEN
             RETURN p;
         END IF;
         -- Keys are in canonical order (shorter first): past the length, no key matches.
-        IF h.arg > klen THEN
+        IF kl > klen THEN
             RETURN NULL;
         END IF;
         p := pq_cbor_skip(b, p);
@@ -113,14 +132,17 @@ $fn$;
 -- The kind of the value at pos: 'null', 'bool', 'int', 'float', 'text', 'bytes',
 -- 'array' or 'map'.
 CREATE OR REPLACE FUNCTION pq_cbor_kind(b bytea, pos integer) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
-    SELECT CASE get_byte(b, pos) >> 5
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
+DECLARE
+    ib integer := get_byte(b, pos);
+BEGIN
+    RETURN CASE ib >> 5
         WHEN 0 THEN 'int' WHEN 1 THEN 'int' WHEN 2 THEN 'bytes' WHEN 3 THEN 'text'
         WHEN 4 THEN 'array' WHEN 5 THEN 'map'
-        ELSE CASE get_byte(b, pos)
-            WHEN 244 THEN 'bool' WHEN 245 THEN 'bool' WHEN 246 THEN 'null'
+        ELSE CASE ib WHEN 244 THEN 'bool' WHEN 245 THEN 'bool' WHEN 246 THEN 'null'
             ELSE 'float' END
-        END
+        END;
+END
 $fn$;
 
 -- The integer at pos, exactly (-2^64 .. 2^64-1).
@@ -389,8 +411,10 @@ $fn$;
 -- (within 2^10 for a 64-bit integer) offset by 32768 in two bytes. Integers beyond
 -- 64 bits sort as their nearest binary64, as in predicate::sort_key.
 CREATE OR REPLACE FUNCTION pq_number_key(d double precision, rest integer) RETURNS bytea
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
-    SELECT '\x01'::bytea || pq_float_key(d) || substr(int4send(rest + 32768), 3, 2)
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
+BEGIN
+    RETURN '\x01'::bytea || pq_float_key(d) || substr(int4send(rest + 32768), 3, 2);
+END
 $fn$;
 
 -- predicate::sort_key as bytea (see the head of this file).

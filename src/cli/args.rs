@@ -11,7 +11,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[derive(Parser, Debug)]
 #[command(name = "precedent", version, about, max_term_width = 100)]
 pub struct Cli {
-    /// The database file.
+    /// The database file, or a PostgreSQL database as a URL
+    /// (postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=prefer).
     #[arg(
         long,
         global = true,

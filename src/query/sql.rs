@@ -262,12 +262,15 @@ impl Compiler {
         let mut rank: HashMap<String, u8> = scope.keys().map(|l| (l.clone(), 1)).collect();
         for n in nodes {
             let f = self.alias("f");
+            if let Bind::Free = n.bind {
+                // Its type is bound where it is reached: a parameter here would be unused,
+                // which PostgreSQL refuses (it cannot tell its type).
+                pending.push(n);
+                continue;
+            }
             let ty = self.param(Param::Type(n.type_name.clone()));
             match n.bind {
-                Bind::Free => {
-                    pending.push(n);
-                    continue;
-                }
+                Bind::Free => unreachable!("free nodes are pending"),
                 Bind::Given(h) => {
                     rank.insert(n.label.clone(), 1);
                     let p = self.param(Param::Hash(h));

@@ -967,6 +967,10 @@ fn backfill(w: &mut Writer<'_>, spec: &QueueSpec, id: i64) -> Result<()> {
     }
     type_ids.sort_unstable();
     type_ids.dedup();
+    if type_ids.is_empty() {
+        // No fact of these types is stored (and `IN ()` is SQLite's alone).
+        return Ok(());
+    }
     let list = type_ids
         .iter()
         .map(|t| t.to_string())

@@ -568,7 +568,8 @@ impl Writer<'_> {
         let tx = self.sql();
         for h in hashes {
             let held = tx.exists(
-                "SELECT 1 FROM held WHERE substr(hash, 1, 8) = substr(?1, 1, 8) AND hash = ?1",
+                // `hash = ?1` first: PostgreSQL types the parameter where it first meets it.
+                "SELECT 1 FROM held WHERE hash = ?1 AND substr(hash, 1, 8) = substr(?1, 1, 8)",
                 args![h],
             )?;
             if held {

@@ -7,7 +7,8 @@
 //! port, `fsync=off`. Each test gets a fresh database of its own ([`db`]). The server is
 //! stopped by its PID and the folder removed when the test process exits (`atexit`).
 //!
-//! Without PostgreSQL's binaries (`pg_config --bindir`, `/usr/lib/postgresql/*/bin`) [`db`]
+//! Without PostgreSQL's binaries (`$PRECEDENT_PG_BINDIR`, else `pg_config --bindir`, else
+//! the newest `/usr/lib/postgresql/*/bin`) [`db`]
 //! prints a loud `SKIPPED: PostgreSQL not installed` line and returns `None`, so the test
 //! returns early; with the environment variable `CI` set it panics instead: under CI a
 //! skip is a failure.
@@ -133,6 +134,12 @@ pub fn down_url() -> String {
 
 fn find_bindir() -> Option<PathBuf> {
     let has = |d: &Path| d.join("initdb").is_file() && d.join("postgres").is_file();
+    // `PRECEDENT_PG_BINDIR` picks the programs (and, naming a folder without them,
+    // shows what a machine without PostgreSQL does).
+    if let Some(d) = std::env::var_os("PRECEDENT_PG_BINDIR") {
+        let d = PathBuf::from(d);
+        return has(&d).then_some(d);
+    }
     if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
         && out.status.success()
     {

@@ -62,9 +62,20 @@ pub(crate) struct Tx<'a> {
 
 impl<'a> Tx<'a> {
     /// Begins a transaction with `begin` on a connection from the pool.
+    ///
+    /// An idle connection the server closed meanwhile (a restart, an idle timeout, a
+    /// terminated backend) is known only when it is used: if `begin` fails on one for a
+    /// lost connection, it is dropped and `begin` runs once on a new connection, as
+    /// nothing had happened yet.
     pub(crate) fn begin(pg: &'a PgBackend, begin: &str) -> Result<Tx<'a>> {
         let mut conn = pg.connection()?;
-        conn.client.batch_execute(begin).map_err(backend)?;
+        if let Err(e) = conn.client.batch_execute(begin) {
+            if !super::errors::is_lost(&e) {
+                return Err(backend(e));
+            }
+            conn = pg.fresh_connection()?;
+            conn.client.batch_execute(begin).map_err(backend)?;
+        }
         Ok(Tx {
             conn: RefCell::new(Some(conn)),
             backend: pg,

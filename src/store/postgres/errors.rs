@@ -16,6 +16,18 @@ pub(crate) fn backend(e: postgres::Error) -> Error {
     Error::Backend(BackendError::new(kind, format!("postgres: {message}")))
 }
 
+/// Whether `e` says the connection is gone (closed, an I/O failure, or the server
+/// ending the session: SQLSTATE class 08 or 57P).
+pub(crate) fn is_lost(e: &postgres::Error) -> bool {
+    match e.as_db_error() {
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("08") || code.starts_with("57P")
+        }
+        None => e.is_closed() || io_error(e).is_some(),
+    }
+}
+
 /// What went wrong, and its kind.
 fn describe(e: &postgres::Error) -> (BackendErrorKind, String) {
     if let Some(db) = e.as_db_error() {

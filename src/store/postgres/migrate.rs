@@ -48,6 +48,15 @@ fn version(client: &mut impl GenericClient) -> Result<u32> {
 /// Applies the migrations the database lacks.
 pub(super) fn migrate(client: &mut Client, url: &str, read_only: bool) -> Result<()> {
     let found = version(client)?;
+    if found == 0 && read_only {
+        // As a read-only open of a missing SQLite file: nothing to read, nothing made.
+        return Err(super::errors::open(
+            url,
+            "no precedent schema in this database, and a read-only open creates none \
+             (create it with `precedent init`)"
+                .into(),
+        ));
+    }
     if !crate::store::shared::needs_migration(found, PG_SCHEMA_VERSION, read_only, url.as_ref())? {
         return Ok(());
     }

@@ -151,7 +151,22 @@ impl PostgresBackend {
         let idle = lock(&self.idle).pop();
         match idle {
             Some(c) if !c.client.is_closed() => Ok(c),
-            _ => self.connect().map_err(|e| match e {
+            _ => self.connect_again(),
+        }
+    }
+
+    /// A new connection, in place of a lost one: the idle ones are dropped too, as they
+    /// were probably lost together (a server restart).
+    pub(crate) fn fresh_connection(&self) -> Result<conn::PgConn> {
+        lock(&self.idle).clear();
+        self.connect_again()
+    }
+
+    /// A new connection mid-run: a failure is a backend failure the caller may retry.
+    fn connect_again(&self) -> Result<conn::PgConn> {
+        match self.connect() {
+            Ok(c) => Ok(c),
+            Err(e) => Err(match e {
                 // Mid-run, a failed connect is a backend failure the caller may retry,
                 // not a bad URL.
                 Error::Open { reason, .. } => Error::Backend(crate::error::BackendError::new(

@@ -49,6 +49,9 @@ pub(crate) struct PgWrite<'a> {
     batch_held: Option<BatchHeld>,
     /// Facts the caller said are released, as (seq, type id).
     assumed: Assumed,
+    /// During a batch, the facts it released, as (seq, type id): a later fact of the
+    /// batch naming one needs no lookup (a round trip each on PostgreSQL).
+    batch_released: Option<Assumed>,
 }
 
 crate::store::shared::forward_to_tx!(sql PgWrite<'_>);
@@ -110,6 +113,9 @@ impl WriteTx for PgWrite<'_> {
         }
         self.names.forget();
         self.assumed.clear();
+        if let Some(batch) = &mut self.batch_released {
+            batch.clear();
+        }
         Ok(())
     }
 
@@ -157,6 +163,7 @@ impl<'a> PgWrite<'a> {
             savepoints: Vec::new(),
             batch_held: None,
             assumed: HashMap::default(),
+            batch_released: None,
         })
     }
 
@@ -194,10 +201,15 @@ impl<'a> PgWrite<'a> {
 
     /// See [`crate::Store::insert`]: as on SQLite, a new fact is not looked up first.
     fn insert_one(&mut self, fact: &Fact, hooks: &mut HookRunner<'_>) -> Result<InsertOutcome> {
-        let (preds, missing) =
-            split_predecessors(fact, self.batch_held.as_ref(), &self.assumed, &mut |h| {
-                self.released(h)
-            })?;
+        let (preds, missing) = split_predecessors(
+            fact,
+            self.batch_held.as_ref(),
+            &self.assumed,
+            &mut |h| match self.batch_released.as_ref().and_then(|b| b.get(h)) {
+                Some(&known) => Ok(Some(known)),
+                None => self.released(h),
+            },
+        )?;
         if !missing.is_empty() {
             return self.hold(fact, missing);
         }
@@ -219,6 +231,7 @@ impl<'a> PgWrite<'a> {
             Ok(self.tx.seq_of(h)?.is_some())
         })?;
         self.batch_held = Some(HashMap::with_hasher(dag::BuildFactHasher));
+        self.batch_released = Some(HashMap::with_hasher(dag::BuildFactHasher));
         let mut outcome = Ok(());
         for fact in &ordered {
             let one = self.insert_one(fact, hooks);
@@ -228,6 +241,7 @@ impl<'a> PgWrite<'a> {
             }
         }
         self.batch_held = None;
+        self.batch_released = None;
         outcome.map(|()| report)
     }
 
@@ -302,22 +316,39 @@ impl<'a> PgWrite<'a> {
     ) -> Result<Option<(i64, i64)>> {
         let type_id = self.names.id(&self.tx, false, fact.type_name())?;
         let seq = self.counters().seq + 1;
-        let added = self.tx.exec(
-            "INSERT INTO fact (seq, hash, type_id, bytes) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (hash) DO NOTHING",
-            &[&seq, &&fact.hash().0[..], &type_id, &fact.canonical_bytes()],
-        )?;
+        let (mut pred_seqs, mut roles, mut pred_types) = (vec![], vec![], vec![]);
+        for (role, _, pred_seq, pred_type) in preds {
+            pred_seqs.push(*pred_seq);
+            roles.push(self.names.id(&self.tx, true, role)?);
+            pred_types.push(*pred_type);
+        }
+        // The row and its edges in one statement: one round trip, not one per edge.
+        let added: i64 = self.tx.rows(
+            "WITH f AS (
+                 INSERT INTO fact (seq, hash, type_id, bytes) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (hash) DO NOTHING RETURNING seq),
+             e AS (
+                 INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
+                 SELECT u.p, u.r, $3, f.seq, u.t
+                 FROM f, unnest($5::bigint[], $6::bigint[], $7::bigint[]) AS u(p, r, t))
+             SELECT count(*) FROM f",
+            &[
+                &seq,
+                &&fact.hash().0[..],
+                &type_id,
+                &fact.canonical_bytes(),
+                &pred_seqs,
+                &roles,
+                &pred_types,
+            ],
+        )?[0]
+            .get(0);
         if added == 0 {
             return Ok(None);
         }
         self.counters().seq = seq;
-        for (role, _, pred_seq, pred_type) in preds {
-            let role_id = self.names.id(&self.tx, true, role)?;
-            self.tx.exec(
-                "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
-                 VALUES ($1, $2, $3, $4, $5)",
-                &[pred_seq, &role_id, &type_id, &seq, pred_type],
-            )?;
+        if let Some(batch) = &mut self.batch_released {
+            batch.insert(fact.hash(), (seq, type_id));
         }
         let known = |h: &FactHash| preds.iter().find(|p| p.1 == *h).map(|p| p.2);
         hooks.released(&self.tx, fact, seq, &known)?;

@@ -1,0 +1,104 @@
+//! The `Sql` seam on PostgreSQL (a real cluster, `tests/common/pg.rs`): client SQL in the
+//! portable `?N` form, arguments bound to whatever type the server inferred, and columns
+//! read back as the seam's values.
+
+mod common;
+
+use common::pg;
+use precedent::store::{Arg, Dialect, SqlExt, SqlValue, ValueRef};
+use precedent::{Store, StoreOptions, args};
+
+#[test]
+fn arguments_bind_to_the_inferred_types_and_columns_read_back() {
+    let Some(db) = pg::db() else { return };
+    let store = Store::open_with(&db.url, StoreOptions::default()).unwrap();
+    let rows: Vec<Vec<SqlValue>> = store
+        .write(|w| {
+            let sql = w.sql();
+            assert_eq!(sql.dialect(), Dialect::Postgres);
+            sql.batch(
+                "CREATE TABLE kinds (i2 smallint, i4 integer, i8 bigint, f4 real, f8 double precision,
+                     n numeric, b boolean, t text, v varchar(10), bytes bytea, j jsonb)",
+            )?;
+            // No casts: every parameter takes the column's type.
+            let n = sql.execute(
+                "INSERT INTO kinds VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                &[
+                    Arg::Int(7),
+                    Arg::Int(70_000),
+                    Arg::Int(1 << 40),
+                    Arg::Real(1.5),
+                    Arg::Real(2.25),
+                    Arg::Int(12_345_678),
+                    Arg::from(true),
+                    Arg::Text("text ?1"),
+                    Arg::Text("short"),
+                    Arg::Blob(b"\x00\xff"),
+                    Arg::Text(r#"{"a": 1}"#),
+                ],
+            )?;
+            assert_eq!(n, 1);
+            sql.execute(
+                "INSERT INTO kinds (i8, n, t) VALUES (+?1, ?2, ?3)",
+                &[Arg::Int(-5), Arg::Real(3.0), Arg::Null],
+            )?;
+            sql.query_vec(
+                "SELECT i2, i4, i8, f4, f8, n, b, t, v, bytes, j FROM kinds
+                 WHERE t = '?1 stays' OR i8 > +?1 OR t IS NULL ORDER BY i8 DESC",
+                args![-10i64],
+                |r| (0..11).map(|i| r.get::<SqlValue>(i)).collect(),
+            )
+        })
+        .unwrap();
+    use SqlValue::*;
+    assert_eq!(
+        rows[0],
+        vec![
+            Int(7),
+            Int(70_000),
+            Int(1 << 40),
+            Real(1.5),
+            Real(2.25),
+            Int(12_345_678),
+            Int(1),
+            Text("text ?1".into()),
+            Text("short".into()),
+            Blob(vec![0, 255]),
+            Text(r#"{"a": 1}"#.into()),
+        ]
+    );
+    assert_eq!(rows[1][2], Int(-5));
+    assert_eq!(rows[1][5], Int(3));
+    assert_eq!(rows[1][7], Null);
+    // A numeric with a fraction is a real; a count is an integer.
+    let (frac, count) = store
+        .read(|r| {
+            let frac = r.query_one("SELECT 1.25::numeric", &[], |r| r.get::<f64>(0))?;
+            let count = r.query_one(
+                "SELECT count(*) FROM pg_class WHERE relname = ?1",
+                args!["kinds"],
+                |r| r.get::<i64>(0),
+            )?;
+            Ok((frac, count))
+        })
+        .unwrap();
+    assert_eq!((frac, count), (1.25, 1));
+    // A value that does not fit its parameter is an error, not a wrong value.
+    let err = store
+        .write(|w| {
+            w.sql()
+                .execute("INSERT INTO kinds (i2) VALUES (?1)", args![100_000i64])
+        })
+        .unwrap_err();
+    assert!(matches!(err, precedent::Error::Backend(_)), "{err:?}");
+    let plan = store
+        .read(|r| r.plan("SELECT * FROM kinds WHERE i8 = ?1", args![1i64]))
+        .unwrap();
+    assert!(plan.iter().any(|l| l.contains("kinds")), "{plan:?}");
+    assert!(matches!(
+        store.read(|r| r.query_one("SELECT NULL", &[], |r| r
+            .value(0)
+            .map(|v| v == ValueRef::Null))),
+        Ok(true)
+    ));
+}
