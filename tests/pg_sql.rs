@@ -101,4 +101,17 @@ fn arguments_bind_to_the_inferred_types_and_columns_read_back() {
             .map(|v| v == ValueRef::Null))),
         Ok(true)
     ));
+    // A parameter the server cannot type takes its argument's type; a statement that
+    // does not parse leaves the transaction usable, as on SQLite.
+    let (n, s, after_typo) = store
+        .read(|r| {
+            // `?1 IS NULL` alone says nothing of ?1's type (sqlstate 42P18 on its own).
+            let n = r.query_one("SELECT ?1 IS NULL", args![41i64], |r| r.get::<i64>(0))?;
+            let s = r.query_one("SELECT ?1 || 'b'", args!["a"], |r| r.get::<String>(0))?;
+            assert!(r.query_one("SELEC 1", &[], |r| r.get::<i64>(0)).is_err());
+            let after = r.query_one("SELECT count(*) FROM kinds", &[], |r| r.get::<i64>(0))?;
+            Ok((n, s, after))
+        })
+        .unwrap();
+    assert_eq!((n, s.as_str(), after_typo), (0, "ab", 2));
 }

@@ -208,6 +208,10 @@ impl Store {
 
     /// Opens the store at `path` with `options`.
     ///
+    /// A path whose text starts with `postgres://` or `postgresql://` opens that
+    /// PostgreSQL database instead (`Store::open_postgres`, feature `postgres`); in a
+    /// build without the feature that is [`Error::Open`] saying so.
+    ///
     /// ```
     /// # use precedent::{Error, Store, StoreOptions};
     /// let dir = tempfile::tempdir()?;
@@ -226,10 +230,6 @@ impl Store {
     /// # Errors
     /// As [`Store::open`]; with [`StoreOptions::read_only`], [`Error::Open`] for a missing
     /// file and [`Error::NeedsMigration`] for a database at an older schema version.
-    ///
-    /// A path whose text starts with `postgres://` or `postgresql://` opens that
-    /// PostgreSQL database instead (see [`Store::open_postgres`]); in a build without the
-    /// `postgres` feature that is [`Error::Open`] saying so.
     pub fn open_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
         let path = path.as_ref();
         if is_postgres_url(path) {

@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use postgres::types::ToSql;
+use postgres::types::{ToSql, Type};
 use postgres::{Client, Statement};
 
 use super::PgBackend;
@@ -34,9 +34,14 @@ impl PgConn {
     }
 
     /// The statement for `sql` (PostgreSQL's `$N` text), prepared once per connection.
+    /// A client's statement (`client` holds its arguments) is parsed inside a savepoint,
+    /// so that a statement that does not parse leaves the transaction usable, as on
+    /// SQLite; and a parameter whose type the server cannot infer (`SELECT ?1`, sqlstate
+    /// 42P18) is given its argument's type (integer, real, text, bytes).
     fn prepared(
         &mut self,
         sql: &str,
+        client: Option<&[Arg<'_>]>,
         reprepares: &std::sync::atomic::AtomicU64,
     ) -> Result<Statement> {
         if let Some(s) = self.statements.get(sql) {
@@ -46,9 +51,50 @@ impl PgConn {
             self.statements.clear();
             reprepares.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let s = self.client.prepare(sql).map_err(backend)?;
+        let s = match client {
+            None => self.client.prepare(sql).map_err(backend)?,
+            Some(args) => self.parse_guarded(sql, args)?,
+        };
         self.statements.insert(sql.to_string(), s.clone());
         Ok(s)
+    }
+
+    fn parse_guarded(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Statement> {
+        let c = &mut self.client;
+        c.batch_execute("SAVEPOINT precedent_parse")
+            .map_err(backend)?;
+        let parsed = match c.prepare(sql) {
+            Err(e) if e.code().is_some_and(|s| s.code() == "42P18") => {
+                c.batch_execute("ROLLBACK TO SAVEPOINT precedent_parse")
+                    .map_err(backend)?;
+                let types: Vec<Type> = args.iter().map(arg_type).collect();
+                c.prepare_typed(sql, &types)
+            }
+            other => other,
+        };
+        match parsed {
+            Ok(s) => {
+                c.batch_execute("RELEASE SAVEPOINT precedent_parse")
+                    .map_err(backend)?;
+                Ok(s)
+            }
+            Err(e) => {
+                let _ = c.batch_execute(
+                    "ROLLBACK TO SAVEPOINT precedent_parse; RELEASE SAVEPOINT precedent_parse",
+                );
+                Err(backend(e))
+            }
+        }
+    }
+}
+
+/// The type a parameter takes from its argument when the server cannot infer one.
+fn arg_type(a: &Arg<'_>) -> Type {
+    match a {
+        Arg::Int(_) | Arg::Null => Type::INT8,
+        Arg::Real(_) => Type::FLOAT8,
+        Arg::Text(_) => Type::TEXT,
+        Arg::Blob(_) => Type::BYTEA,
     }
 }
 
@@ -101,11 +147,7 @@ impl<'a> Tx<'a> {
 
     /// Runs a statement of the core (`$N` text) and returns its rows.
     pub(crate) fn rows(&self, sql: &str, params: Params<'_>) -> Result<Vec<postgres::Row>> {
-        let reprepares = &self.backend.shared.reprepares;
-        self.with(|c| {
-            let s = c.prepared(sql, reprepares)?;
-            c.client.query(&s, params).map_err(backend)
-        })
+        self.run(sql, None, params, |c, s, p| c.query(s, p))
     }
 
     /// The first row of a statement of the core, if any.
@@ -115,10 +157,22 @@ impl<'a> Tx<'a> {
 
     /// Runs a statement of the core that returns no rows; returns the rows it changed.
     pub(crate) fn exec(&self, sql: &str, params: Params<'_>) -> Result<u64> {
+        self.run(sql, None, params, |c, s, p| c.execute(s, p))
+    }
+
+    /// Prepares `sql` (for a client's statement, `client` holds its arguments) and runs
+    /// it with `f`.
+    fn run<T>(
+        &self,
+        sql: &str,
+        client: Option<&[Arg<'_>]>,
+        params: Params<'_>,
+        f: impl FnOnce(&mut Client, &Statement, Params<'_>) -> Result<T, postgres::Error>,
+    ) -> Result<T> {
         let reprepares = &self.backend.shared.reprepares;
         self.with(|c| {
-            let s = c.prepared(sql, reprepares)?;
-            c.client.execute(&s, params).map_err(backend)
+            let s = c.prepared(sql, client, reprepares)?;
+            f(&mut c.client, &s, params).map_err(backend)
         })
     }
 
@@ -171,7 +225,9 @@ fn with_args<T>(args: &[Arg<'_>], f: impl FnOnce(Params<'_>) -> T) -> T {
 impl Tx<'_> {
     /// Runs client SQL (portable `?N` text) with the seam's arguments.
     pub(crate) fn client_rows(&self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<postgres::Row>> {
-        with_args(args, |p| self.rows(&rewrite(sql), p))
+        with_args(args, |p| {
+            self.run(&rewrite(sql), Some(args), p, |c, s, p| c.query(s, p))
+        })
     }
 }
 
@@ -181,7 +237,9 @@ impl Sql for Tx<'_> {
     }
 
     fn execute(&self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
-        with_args(args, |p| self.exec(&rewrite(sql), p))
+        with_args(args, |p| {
+            self.run(&rewrite(sql), Some(args), p, |c, s, p| c.execute(s, p))
+        })
     }
 
     fn query(
