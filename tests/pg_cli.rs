@@ -1,5 +1,6 @@
 //! The core commands with `--db postgres://...` on a real cluster (tests/common/pg.rs):
-//! `init`, `add`, `import`, `get`, `held`, `export`, `verify`, `stats`.
+//! `init`, `add`, `import`, `get`, `held`, `export`, `verify`, `stats`; and `serve` on
+//! PostgreSQL with a SQLite node syncing against it.
 
 mod common;
 
@@ -14,6 +15,19 @@ fn ok(url: &str, args: &[&str], stdin: &[u8]) -> String {
     let out = run(Path::new(url), args, stdin);
     assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
     stdout(&out)
+}
+
+/// A chain of `n` links written last link first, as JSON Lines in `dir`.
+fn reversed_chain(dir: &Path, n: usize) -> std::path::PathBuf {
+    let mut links = chain(n);
+    links.reverse();
+    let lines: String = links
+        .iter()
+        .map(|f| json::to_json(f).to_string() + "\n")
+        .collect();
+    let file = dir.join("links.jsonl");
+    std::fs::write(&file, &lines).unwrap();
+    file
 }
 
 #[test]
@@ -38,15 +52,8 @@ fn the_core_commands_run_on_postgres() {
     assert_eq!(got["seq"], 1);
 
     // A chain given last link first: held until its root arrives, all in one import.
-    let mut links = chain(30);
-    links.reverse();
-    let lines: String = links
-        .iter()
-        .map(|f| json::to_json(f).to_string() + "\n")
-        .collect();
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("links.jsonl");
-    std::fs::write(&file, &lines).unwrap();
+    let file = reversed_chain(dir.path(), 30);
     let report: Json =
         serde_json::from_str(&ok(url, &["--json", "import", file.to_str().unwrap()], b"")).unwrap();
     assert_eq!(
@@ -80,4 +87,45 @@ fn the_core_commands_run_on_postgres() {
     let err = stderr(&out);
     assert!(err.contains("server down"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[test]
+fn serve_on_postgres_syncs_both_ways_with_a_sqlite_node() {
+    let Some(db) = pg::db() else { return };
+    let url = db.url.as_str();
+    ok(url, &["init"], b"");
+    let hub_shop = ok(
+        url,
+        &["add", r#"{"type":"Shop","fields":{"name":"hub"}}"#],
+        b"",
+    );
+    let server = common::process::Server::start(Path::new(url));
+
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("node.db");
+    let node_url = node.to_str().unwrap();
+    ok(node_url, &["init"], b"");
+    let file = reversed_chain(dir.path(), 40);
+    ok(node_url, &["import", file.to_str().unwrap()], b"");
+
+    // One run pulls the hub's shop and pushes the node's chain.
+    ok(node_url, &["sync", &server.url], b"");
+    let on_hub = ok(url, &["export"], b"");
+    let on_node = ok(node_url, &["export"], b"");
+    let sorted = |text: &str| {
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort_unstable();
+        lines.join("\n")
+    };
+    assert_eq!(on_hub.lines().count(), 41, "{on_hub}");
+    assert_eq!(sorted(&on_hub), sorted(&on_node));
+    let got: Json =
+        serde_json::from_str(&ok(node_url, &["--json", "get", hub_shop.trim()], b"")).unwrap();
+    assert_eq!(got["fact"]["fields"]["name"], "hub", "{got}");
+    let verify: Json = serde_json::from_str(&ok(url, &["--json", "verify"], b"")).unwrap();
+    assert_eq!(
+        (&verify["clean"], &verify["released"]),
+        (&Json::Bool(true), &Json::from(41))
+    );
+    drop(server);
 }

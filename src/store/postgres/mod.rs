@@ -69,6 +69,19 @@ pub struct PostgresBackend {
 
 pub(crate) type PgBackend = PostgresBackend;
 
+impl Drop for PostgresBackend {
+    fn drop(&mut self) {
+        // A client closes its connection by running its own runtime, which cannot start
+        // on a thread that runs an async runtime already (a server's last reference to
+        // its store may go there): the idle connections are closed on a thread of their
+        // own.
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
+        if !idle.is_empty() {
+            let _ = std::thread::spawn(move || drop(idle)).join();
+        }
+    }
+}
+
 impl PostgresBackend {
     /// Connects to the database at `url` (a libpq URL: user, password, host, port,
     /// database, `sslmode=disable|prefer`, `application_name`, `connect_timeout`, ...),
