@@ -298,7 +298,7 @@ struct Reader<'a> {
     pos: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     fn error_at(&self, offset: usize, reason: &str) -> Error {
         Error::Decode {
             offset,
@@ -306,7 +306,7 @@ impl Reader<'_> {
         }
     }
 
-    fn take(&mut self, n: usize) -> Result<&[u8]> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.bytes.len() - self.pos < n {
             return Err(self.error_at(self.bytes.len(), "unexpected end of input"));
         }
@@ -364,17 +364,26 @@ impl Reader<'_> {
     }
 
     fn text_body(&mut self, arg: u64) -> Result<String> {
+        self.text_body_ref(arg).map(str::to_string)
+    }
+
+    fn text_body_ref(&mut self, arg: u64) -> Result<&'a str> {
         let at = self.pos;
         let n = self.len(arg)?;
         let raw = self.take(n)?;
-        std::str::from_utf8(raw)
-            .map(str::to_string)
-            .map_err(|_| self.error_at(at, "text is not valid utf-8"))
+        std::str::from_utf8(raw).map_err(|_| self.error_at(at, "text is not valid utf-8"))
     }
 
     fn text(&mut self) -> Result<String> {
         let arg = self.head_of(MAJOR_TEXT, "text")?;
         self.text_body(arg)
+    }
+
+    /// Text, borrowed from the input: a map key is compared with the next one before it
+    /// is copied into the map.
+    fn text_ref(&mut self) -> Result<&'a str> {
+        let arg = self.head_of(MAJOR_TEXT, "text")?;
+        self.text_body_ref(arg)
     }
 
     fn value(&mut self, depth: usize) -> Result<Value> {
@@ -401,11 +410,11 @@ impl Reader<'_> {
                 self.check_depth(at, depth)?;
                 let n = self.len(arg)?;
                 let mut m = BTreeMap::new();
-                let mut previous: Option<String> = None;
+                let mut previous = None;
                 for _ in 0..n {
-                    let key = self.map_key(&previous)?;
+                    let key = self.map_key(previous)?;
                     let v = self.value(depth + 1)?;
-                    m.insert(key.clone(), v);
+                    m.insert(key.to_string(), v);
                     previous = Some(key);
                 }
                 Value::Map(m)
@@ -426,16 +435,16 @@ impl Reader<'_> {
     }
 
     /// Reads a text map key that must sort strictly after `previous` in encoded order.
-    fn map_key(&mut self, previous: &Option<String>) -> Result<String> {
+    fn map_key(&mut self, previous: Option<&str>) -> Result<&'a str> {
         let at = self.pos;
-        let key = self.text().map_err(|e| match e {
+        let key = self.text_ref().map_err(|e| match e {
             Error::Decode { reason, .. } if reason == "expected text" => {
                 self.error_at(at, "map keys must be text")
             }
             e => e,
         })?;
         if let Some(p) = previous {
-            match encoded_key_order(p, &key) {
+            match encoded_key_order(p, key) {
                 std::cmp::Ordering::Less => {}
                 std::cmp::Ordering::Equal => {
                     return Err(self.error_at(at, &format!("duplicate map key {key:?}")));
@@ -490,12 +499,12 @@ impl Reader<'_> {
         let n = self.head_of(MAJOR_MAP, "a predecessor map")?;
         let n = self.len(n)?;
         let mut out = Predecessors::new();
-        let mut previous: Option<String> = None;
+        let mut previous = None;
         let mut total = 0usize;
         for _ in 0..n {
             let at = self.pos;
-            let role = self.map_key(&previous)?;
-            check_name("role", &role, limits::MAX_ROLE_NAME_BYTES)
+            let role = self.map_key(previous)?;
+            check_name("role", role, limits::MAX_ROLE_NAME_BYTES)
                 .map_err(|e| self.error_at(at, &e))?;
             let at = self.pos;
             let count = self.head_of(MAJOR_ARRAY, "an array of predecessor hashes")?;
@@ -523,7 +532,7 @@ impl Reader<'_> {
                 last = Some(hash);
                 set.insert(hash);
             }
-            out.insert(role.clone(), set);
+            out.insert(role.to_string(), set);
             previous = Some(role);
         }
         Ok(out)

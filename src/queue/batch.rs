@@ -3,10 +3,11 @@
 //! A savepoint per lease is what keeps one failing handler from taking the others with it,
 //! and it is most of what a batch costs beyond its rows: SQLite copies every page a
 //! savepoint touches first into its journal, and the statements that open and release it
-//! run once per lease. Handlers rarely fail, so the batch runs in one savepoint and pays
-//! for a savepoint per lease only when one does: then the batch's work since its last
-//! checkpoint is rolled back and run again lease by lease, each in a savepoint of its own,
-//! so that the failing lease leaves nothing behind and every other lease commits.
+//! run once per lease. Handlers rarely fail, so the batch first runs in its transaction
+//! with no savepoint at all, and pays for savepoints only when a handler fails: then that
+//! transaction is rolled back, and a second one runs the leases before the failing one
+//! each in a savepoint of its own and the rest in one savepoint, again until the next
+//! failure, so that a failing lease leaves nothing behind and every other lease commits.
 
 use crate::error::{Error, Result};
 use crate::queue::Lease;
@@ -26,11 +27,11 @@ impl Store {
     /// handler writes no completion) leaves nothing behind while the others still commit.
     /// Returns one result per lease, in order.
     ///
-    /// The handlers run one after another in one savepoint. When one fails, the work of the
-    /// batch since its start (or since the last failure) is rolled back and the leases
+    /// The handlers run one after another in one transaction. When one fails, the work of
+    /// the batch since its start (or since the last failure) is rolled back and the leases
     /// before the failing one run again, each in a savepoint of its own; the failing
     /// lease's error is its result (its handler is not called again), and the batch goes on
-    /// after it. So a handler may run twice in one call, and its writes still commit once:
+    /// after it. After a failure the batch commits in a second transaction. So a handler may run twice in one call, and its writes still commit once:
     /// the same promise as at-least-once delivery, which already asks handlers to tolerate
     /// a second run. A lost lease's handler is never called.
     ///
@@ -66,13 +67,38 @@ impl Store {
         leases: &[Lease],
         mut handler: impl FnMut(&mut Writer<'_>, &Lease) -> Result<()>,
     ) -> Result<Vec<Result<()>>> {
-        self.write(|w| {
+        // The common case: every handler succeeds, in the transaction itself.
+        let mut failed = None;
+        let first = self.write(|w| {
             // The declarations are read once for the batch: none can change inside the
             // transaction (declaring is a transaction of its own).
             let defs = w.queue_defs()?;
             let checked = LeaseCheck::new(w, &defs, leases)?;
             let mut results = Vec::with_capacity(leases.len());
-            let mut from = 0;
+            for (at, lease) in leases.iter().enumerate() {
+                match optimistic(w, &defs, (&checked, at), lease, &mut handler) {
+                    Ok(result) => results.push(result),
+                    Err(error) => {
+                        failed = Some(Failed { at, error });
+                        return Err(abandoned(lease));
+                    }
+                }
+            }
+            Ok(results)
+        });
+        let Some(Failed { at, error }) = failed else {
+            return first;
+        };
+        // A handler failed and that transaction is rolled back: again, with savepoints.
+        self.write(|w| {
+            let defs = w.queue_defs()?;
+            let checked = LeaseCheck::new(w, &defs, leases)?;
+            let mut results = Vec::with_capacity(leases.len());
+            for lease in &leases[..at] {
+                results.push(one_by_one(w, &defs, lease, &mut handler));
+            }
+            results.push(Err(error));
+            let mut from = at + 1;
             while from < leases.len() {
                 let mut failed = None;
                 let mut pass = Vec::with_capacity(leases.len() - from);
@@ -82,11 +108,7 @@ impl Store {
                             Ok(result) => pass.push(result),
                             Err(error) => {
                                 failed = Some(Failed { at, error });
-                                // Rolls the pass back; the error itself is not reported.
-                                return Err(Error::Corrupt {
-                                    hash: lease.input.hash(),
-                                    reason: "a handler failed".into(),
-                                });
+                                return Err(abandoned(lease));
                             }
                         }
                     }
@@ -108,9 +130,15 @@ impl Store {
     }
 }
 
-/// Runs one lease in the batch's savepoint: `Ok` with the lease's result when nothing of
-/// it needs undoing (it completed, or it was refused before its handler ran), `Err` when
-/// its handler failed after it may have written.
+/// What a pass returns to have its transaction or savepoint rolled back after a handler
+/// failed (the handler's own error is kept apart, as that lease's result).
+fn abandoned(lease: &Lease) -> Error {
+    Error::Corrupt {
+        hash: lease.input.hash(),
+        reason: "a handler failed".into(),
+    }
+}
+
 fn optimistic(
     w: &mut Writer<'_>,
     defs: &QueueDefs,

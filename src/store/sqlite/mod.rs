@@ -141,12 +141,6 @@ impl SqliteBackend {
         check_path(&path, options.read_only)?;
         let (writer, immutable) = first_connection(&path, &options, temp.is_some())
             .map_err(|e| explain_open(e, &path))?;
-        // The writer's statement journals (what a savepoint must undo: `complete_batch`
-        // runs a batch in one) stay in memory. By default SQLite moves one past 64 KiB
-        // into a temporary file, created and removed at every batch. They hold only the
-        // pages one savepoint or statement has changed; readers keep the default, so a
-        // large sort of theirs still goes to disk.
-        writer.pragma_update(None, "temp_store", "MEMORY")?;
         Ok(SqliteBackend {
             immutable,
             write_lock: WriteLock::default(),

@@ -26,16 +26,20 @@ impl Kind {
     }
 }
 
+/// Names to ids. Every insert looks up its type and the role of each edge: a fast seeded
+/// hasher rather than SipHash, which cost more than the rest of the lookup.
+type Ids = HashMap<String, i64, foldhash::fast::RandomState>;
+
 /// Committed ids, shared by a backend's transactions.
 #[derive(Default)]
 pub(crate) struct NameCache {
-    committed: RwLock<[HashMap<String, i64>; 2]>,
+    committed: RwLock<[Ids; 2]>,
 }
 
 /// Ids a write transaction assigned or read, to add to the cache once it commits.
 #[derive(Default)]
 pub(crate) struct PendingNames {
-    pending: [HashMap<String, i64>; 2],
+    pending: [Ids; 2],
 }
 
 impl NameCache {
