@@ -15,7 +15,7 @@ use precedent::{Error, FactHash, HashPrefix, json};
 use serde_json::json;
 
 use super::args::Format;
-use super::pipeline::{Batches, Chunker, Item, PIECE_RECORDS, Parsed};
+use super::pipeline::{AHEAD_HELD, AHEAD_RECORDS, Batches, Chunker, Item, PIECE_RECORDS, Parsed};
 use super::records::{CborSeq, READ_BYTES, Records, sniff};
 use super::{Failure, Global, Status, exit, progress, source_name};
 
@@ -41,7 +41,7 @@ pub(super) fn threads() -> usize {
 
 /// Batch boundaries; `PRECEDENT_IMPORT_BATCH` and `PRECEDENT_IMPORT_PIECE` (records per
 /// piece handed to a worker) override the defaults, for tests and benches.
-fn chunker() -> Chunker {
+fn chunker(format: Format) -> Chunker {
     let var = |name: &str, default: usize| {
         std::env::var(name)
             .ok()
@@ -53,6 +53,10 @@ fn chunker() -> Chunker {
         records: var("PRECEDENT_IMPORT_BATCH", CHUNK_RECORDS),
         bytes: CHUNK_BYTES,
         piece: var("PRECEDENT_IMPORT_PIECE", PIECE_RECORDS),
+        ahead: match format {
+            Format::Json => AHEAD_RECORDS,
+            Format::Cbor => AHEAD_HELD,
+        },
     }
 }
 
@@ -179,7 +183,7 @@ pub fn import(
         Format::Cbor => Records::Cbor(CborSeq::new(input, skipped)),
     };
     let store = g.open(true)?;
-    let chunker = chunker();
+    let chunker = chunker(format);
     let mut batches =
         Batches::start(records, chunker, threads()).context("cannot start the import threads")?;
     let limit = g.max_held();

@@ -18,8 +18,8 @@
 //! hash prefixes must be looked up (see [`Parsed::NeedsStore`]) is parsed there and
 //! resolved by the writer, against the store and the batch's earlier records, as before.
 //!
-//! Memory: while the writer stores a batch, at most [`AHEAD_RECORDS`] records (or one
-//! batch, if smaller) are dealt to the workers and not yet taken by the writer, parsed or
+//! Memory: while the writer stores a batch, at most [`AHEAD_RECORDS`] records of JSON or
+//! [`AHEAD_HELD`] of CBOR (or one batch, if smaller) are dealt to the workers and not yet taken by the writer, parsed or
 //! being parsed: the reader waits at a [`Gate`] for the writer to take them. That bound
 //! is [`AHEAD_HELD`] while the last batch held facts: such a batch is about to release
 //! them, or is children first, and then the held facts, the store's cascade and the batch
@@ -92,14 +92,18 @@ pub fn parse(body: Body) -> Parsed {
     }
 }
 
-/// Where a batch ends: after `records` records or `bytes` bytes of record text; and how
+/// Where a batch ends: after `records` records or `bytes` bytes of record text; how
 /// many records go to a worker at a time (`piece`: [`PIECE_RECORDS`], smaller in tests so
-/// that small inputs cross piece boundaries).
+/// that small inputs cross piece boundaries); and how many may be parsed ahead of the
+/// writer while the batches hold nothing (`ahead`: [`AHEAD_RECORDS`] for JSON, whose
+/// parsing costs as much as storing; [`AHEAD_HELD`] for CBOR, decoded in about a
+/// microsecond a record, for which more ahead would only cost memory).
 #[derive(Clone, Copy)]
 pub struct Chunker {
     pub records: usize,
     pub bytes: usize,
     pub piece: usize,
+    pub ahead: usize,
 }
 
 impl Chunker {
@@ -166,7 +170,8 @@ impl Batches {
             return Ok(Batches::Inline { records, chunker });
         }
         // The channels hold up to the larger bound; the gate keeps to the one in force.
-        let ahead = (chunker.records.min(AHEAD_RECORDS) / chunker.piece / threads).max(1);
+        let ahead =
+            (chunker.records.min(chunker.ahead.max(AHEAD_HELD)) / chunker.piece / threads).max(1);
         let gate = Arc::new(Gate {
             state: Mutex::new(GateState {
                 dealt: 0,
@@ -246,10 +251,10 @@ impl Batches {
 
 impl Batches {
     /// Says whether the batch just stored held facts: the reader may then parse only
-    /// [`AHEAD_HELD`] records ahead of the writer, else [`AHEAD_RECORDS`].
+    /// [`AHEAD_HELD`] records ahead of the writer, else `chunker.ahead`.
     pub fn stored(&self, held: bool, chunker: &Chunker) {
         if let Batches::Piped { gate, .. } = self {
-            let ahead = if held { AHEAD_HELD } else { AHEAD_RECORDS };
+            let ahead = if held { AHEAD_HELD } else { chunker.ahead };
             gate.0.set_limit(chunker.records.min(ahead));
         }
     }
