@@ -18,6 +18,11 @@
 //!   floor (default 50,000, as `import`'s own default).
 //! - `PRECEDENT_IMPORT_THREADS`: passed on to `import` (default: one per core).
 //! - `PRECEDENT_BENCH_OUT`: where to write the JSON (default `target/bench-import.json`).
+//! - `PRECEDENT_BENCH_IMPORT_DIR`: keep the input files in this directory, and reuse
+//!   them when they are there for the same N (default: a temporary directory).
+//! - `PRECEDENT_BENCH_IMPORT_PHASES`: a comma-separated list of the import phases to run
+//!   (`jsonl-in-order`, `jsonl-reversed`, `cbor-in-order`, `cbor-reversed`; default all);
+//!   the floors run whenever a phase of their order does.
 //!
 //! See `docs/performance.md`, "Import", for the method and the figures.
 
@@ -305,10 +310,23 @@ fn main() {
             .map_or(1, |n| n.get())
             .to_string()
     });
-    let dir = tempfile::tempdir().unwrap();
+    let temp = tempfile::tempdir().unwrap();
+    let kept = std::env::var_os("PRECEDENT_BENCH_IMPORT_DIR").map(std::path::PathBuf::from);
+    let dir = kept.as_deref().unwrap_or(temp.path());
     let started = Instant::now();
-    write_inputs(dir.path(), n);
-    let size = |f: &str| std::fs::metadata(dir.path().join(f)).unwrap().len() as f64 / 1e6;
+    let stamp = dir.join("inputs-n");
+    if kept.is_none() || std::fs::read_to_string(&stamp).ok() != Some(n.to_string()) {
+        std::fs::create_dir_all(dir).unwrap();
+        write_inputs(dir, n);
+        std::fs::write(&stamp, n.to_string()).unwrap();
+    }
+    let phases = std::env::var("PRECEDENT_BENCH_IMPORT_PHASES").ok();
+    let wanted = |phase: &str| {
+        phases
+            .as_deref()
+            .is_none_or(|p| p.split(',').any(|w| w.trim() == phase))
+    };
+    let size = |f: &str| std::fs::metadata(dir.join(f)).unwrap().len() as f64 / 1e6;
     println!(
         "import bench: N = {n}, batch {batch}, threads {threads}; JSON Lines {:.0} MB, CBOR {:.0} MB (written in {:.1} s); load average {}",
         size("in-order.jsonl"),
@@ -319,7 +337,10 @@ fn main() {
     let mut results = serde_json::Map::new();
     let mut floors = std::collections::HashMap::new();
     for order in ["in-order", "reversed"] {
-        let m = floor(dir.path(), &format!("{order}.cbor"), n, batch);
+        if !wanted(&format!("jsonl-{order}")) && !wanted(&format!("cbor-{order}")) {
+            continue;
+        }
+        let m = floor(dir, &format!("{order}.cbor"), n, batch);
         println!(
             "floor {order:<9} insert_batch {:>7.2} s  {:>9.0} facts/s  (cpu {:.1} s)",
             m.secs,
@@ -335,7 +356,10 @@ fn main() {
     let mut all_met = true;
     for format in ["jsonl", "cbor"] {
         for order in ["in-order", "reversed"] {
-            let m = import(dir.path(), &format!("{order}.{format}"), n, batch);
+            if !wanted(&format!("{format}-{order}")) {
+                continue;
+            }
+            let m = import(dir, &format!("{order}.{format}"), n, batch);
             let ratio = floors[order] / m.secs;
             let target = if order == "in-order" {
                 IN_ORDER_TARGET

@@ -58,6 +58,8 @@
 //! - [`encoding`]: canonical CBOR encode and strict decode; the only code that reads or
 //!   writes fact bytes.
 //! - [`predicate`]: how field predicates compare values and how fields sort. Pure.
+//! - [`ingest`]: decoding a body of received records on every core, in order (import
+//!   and both receiving sides of sync).
 //! - [`json`]: the JSON form of facts, for people and the command line.
 //! - [`dag`]: ordering a batch of facts so parents come before children (petgraph).
 //! - [`clock`]: the time source for leases and backoff ([`clock::ManualClock`] in tests).
@@ -82,6 +84,7 @@ pub mod encoding;
 pub mod error;
 pub mod fact;
 pub mod hash;
+pub mod ingest;
 pub mod json;
 pub mod predicate;
 pub mod query;

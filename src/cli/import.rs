@@ -4,8 +4,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::Path;
+use std::sync::mpsc::{SyncSender, sync_channel};
 
 use anyhow::Context;
 use indicatif::ProgressBar;
@@ -14,7 +15,7 @@ use precedent::{Error, FactHash, HashPrefix, json};
 use serde_json::json;
 
 use super::args::Format;
-use super::pipeline::{Batches, Chunker, Item, PIECE_RECORDS, Parsed};
+use super::pipeline::{AHEAD_HELD, AHEAD_RECORDS, Batches, Chunker, Item, PIECE_RECORDS, Parsed};
 use super::records::{CborSeq, READ_BYTES, Records, sniff};
 use super::{Failure, Global, Status, exit, progress, source_name};
 
@@ -27,8 +28,10 @@ const CHUNK_RECORDS: usize = 50_000;
 const CHUNK_BYTES: usize = 64 << 20;
 
 /// Threads that parse, from `PRECEDENT_IMPORT_THREADS` (1: all in this thread, the
-/// reference that tests compare against), else one per core.
-fn threads() -> usize {
+/// reference that tests compare against), else one per core. `serve` and `sync` decode
+/// received records on as many (`ServerConfig::decode_threads`,
+/// `ClientOptions::decode_threads`).
+pub(super) fn threads() -> usize {
     std::env::var("PRECEDENT_IMPORT_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -38,7 +41,7 @@ fn threads() -> usize {
 
 /// Batch boundaries; `PRECEDENT_IMPORT_BATCH` and `PRECEDENT_IMPORT_PIECE` (records per
 /// piece handed to a worker) override the defaults, for tests and benches.
-fn chunker() -> Chunker {
+fn chunker(format: Format) -> Chunker {
     let var = |name: &str, default: usize| {
         std::env::var(name)
             .ok()
@@ -50,6 +53,10 @@ fn chunker() -> Chunker {
         records: var("PRECEDENT_IMPORT_BATCH", CHUNK_RECORDS),
         bytes: CHUNK_BYTES,
         piece: var("PRECEDENT_IMPORT_PIECE", PIECE_RECORDS),
+        ahead: match format {
+            Format::Json => AHEAD_RECORDS,
+            Format::Cbor => AHEAD_HELD,
+        },
     }
 }
 
@@ -62,10 +69,90 @@ struct Tally {
     released: u64,
     invalid: u64,
     refused: u64,
-    /// Facts of this input that were held after their batch, one exactly sized list per
-    /// batch (a children-first import of a million facts holds nearly all of them, and a
-    /// set would cost half as much again); a fact may be in several lists.
-    held: Vec<Vec<FactHash>>,
+    /// Facts of this input that were held after their batch.
+    held: HeldLog,
+}
+
+/// The hashes of the facts of this input that were held after their batch (a fact may be
+/// there more than once), to count at the end those still held. They go to an unlinked
+/// temporary file, 32 bytes each, not to memory: a children-first import of a million
+/// facts holds nearly all of them until its last batch, whose facts are in memory then
+/// (30 MB of hashes at that peak). They are read back only if the store still holds
+/// facts at the end. Without a temporary directory they stay in memory.
+#[derive(Default)]
+struct HeldLog {
+    file: Option<File>,
+    memory: Vec<FactHash>,
+    logged: u64,
+    failed: bool,
+}
+
+impl HeldLog {
+    fn add(&mut self, hashes: &[FactHash]) -> io::Result<()> {
+        if hashes.is_empty() {
+            return Ok(());
+        }
+        self.logged += hashes.len() as u64;
+        if self.file.is_none() && !self.failed {
+            self.file = temp_file();
+            self.failed = self.file.is_none();
+        }
+        match &mut self.file {
+            Some(f) => f.write_all(&hashes.iter().flat_map(|h| h.0).collect::<Vec<u8>>()),
+            None => {
+                self.memory.extend_from_slice(hashes);
+                Ok(())
+            }
+        }
+    }
+
+    /// How many of the logged facts are still held, each counted once.
+    fn still_held(mut self, store: &precedent::Store) -> anyhow::Result<u64> {
+        if self.logged == 0 || store.held_count()? == 0 {
+            return Ok(0);
+        }
+        let mut all = std::mem::take(&mut self.memory);
+        if let Some(mut f) = self.file.take() {
+            let mut bytes = Vec::with_capacity(self.logged as usize * 32);
+            f.seek(SeekFrom::Start(0))?;
+            f.read_to_end(&mut bytes)?;
+            all.extend(bytes.chunks_exact(32).filter_map(FactHash::from_slice));
+        }
+        all.sort_unstable();
+        all.dedup();
+        let mut held = 0;
+        for h in &all {
+            if store.seq_of(h)?.is_none() {
+                held += 1;
+            }
+        }
+        Ok(held)
+    }
+}
+
+/// A new temporary file, already unlinked (it goes when it is closed).
+fn temp_file() -> Option<File> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let path = std::env::temp_dir().join(format!(
+        "precedent-import-held-{}-{nanos}",
+        std::process::id()
+    ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .ok()?;
+    // Unlinked while open on Unix; elsewhere removal fails while it is open, and the
+    // hashes stay in memory.
+    if std::fs::remove_file(&path).is_err() {
+        drop(file);
+        let _ = std::fs::remove_file(&path);
+        return None;
+    }
+    Some(file)
 }
 
 /// `precedent import FILE|- [--format json|cbor] [--atomic]`.
@@ -96,15 +183,17 @@ pub fn import(
         Format::Cbor => Records::Cbor(CborSeq::new(input, skipped)),
     };
     let store = g.open(true)?;
+    let chunker = chunker(format);
     let mut batches =
-        Batches::start(records, chunker(), threads()).context("cannot start the import threads")?;
+        Batches::start(records, chunker, threads()).context("cannot start the import threads")?;
     let limit = g.max_held();
     let mut tally = Tally::default();
     let mut rolled_back = false;
     if atomic {
         let result = store.write(|w| {
             while let Some(chunk) = batches.next_batch()? {
-                import_chunk(w, chunk, &mut tally, limit, &pb)?;
+                let held = import_chunk(w, chunk, &mut tally, limit, &pb)?;
+                batches.stored(held, &chunker);
             }
             if tally.invalid + tally.refused > 0 {
                 rolled_back = true;
@@ -119,21 +208,19 @@ pub fn import(
         }
     } else {
         while let Some(chunk) = batches.next_batch()? {
-            store.write(|w| import_chunk(w, chunk, &mut tally, limit, &pb))?;
+            let held = store.write(|w| import_chunk(w, chunk, &mut tally, limit, &pb))?;
+            batches.stored(held, &chunker);
         }
     }
     pb.finish_and_clear();
-    let mut held = 0;
-    if !rolled_back {
-        let mut all: Vec<FactHash> = std::mem::take(&mut tally.held).concat();
-        all.sort_unstable();
-        all.dedup();
-        for h in &all {
-            if store.seq_of(h)?.is_none() {
-                held += 1;
-            }
-        }
-    }
+    let held_log = std::mem::take(&mut tally.held);
+    let held = if rolled_back {
+        0
+    } else {
+        held_log
+            .still_held(&store)
+            .context("cannot count the held facts")?
+    };
     print_tally(g, &tally, held, rolled_back)?;
     let bad = tally.invalid + tally.refused;
     if rolled_back {
@@ -155,15 +242,16 @@ pub fn import(
     Ok(Status::Ok)
 }
 
-/// Stores a parsed batch with one `insert_batch` and counts. Records that name a hash
-/// prefix resolve here, against the store and against earlier records of the batch.
+/// Stores a parsed batch with one `insert_batch` and counts; returns whether it held
+/// facts. Records that name a hash prefix resolve here, against the store and against
+/// earlier records of the batch.
 fn import_chunk(
     w: &mut Writer<'_>,
     chunk: Vec<Item>,
     tally: &mut Tally,
     limit: u64,
     pb: &ProgressBar,
-) -> precedent::Result<()> {
+) -> precedent::Result<bool> {
     let mut facts = Vec::with_capacity(chunk.len());
     // Each fact's hash and the index of its record's label; the set of them (for prefix
     // lookups) is built only once a record needs it.
@@ -202,7 +290,11 @@ fn import_chunk(
             }
         }
     }
-    let report = w.insert_batch(facts)?;
+    // The facts are freed on another thread (about fifteen allocations each), not in
+    // this one, which stores.
+    let report = w.insert_batch(facts.clone())?;
+    drop_elsewhere(facts);
+    let held_any = report.held > 0;
     tally.inserted += report.inserted;
     tally.duplicate += report.duplicates;
     tally.released += report.released;
@@ -230,11 +322,28 @@ fn import_chunk(
                 held.push(hash);
             }
         }
-        held.shrink_to_fit();
-        tally.held.push(held);
+        tally.held.add(&held).map_err(Error::Io)?;
     }
     pb.set_message(format!("{} records", tally.records));
-    Ok(())
+    Ok(held_any)
+}
+
+/// Drops `facts` on a thread of their own when they are its last owner, so that the
+/// writer does not spend its time freeing them; one batch at a time waits there.
+fn drop_elsewhere(facts: Vec<precedent::Fact>) {
+    static DROPPER: std::sync::OnceLock<Option<SyncSender<Vec<precedent::Fact>>>> =
+        std::sync::OnceLock::new();
+    let dropper = DROPPER.get_or_init(|| {
+        let (tx, rx) = sync_channel::<Vec<precedent::Fact>>(1);
+        std::thread::Builder::new()
+            .name("import-drop".into())
+            .spawn(move || rx.into_iter().for_each(drop))
+            .ok()
+            .map(|_| tx)
+    });
+    if let Some(tx) = dropper {
+        let _ = tx.send(facts);
+    }
 }
 
 /// Resolves a prefix against the facts of the current chunk and the store together.

@@ -8,7 +8,8 @@
 //!
 //! The reader deals pieces (up to [`PIECE_RECORDS`] records) to the workers in turn over
 //! one bounded channel each, and the writer takes the parsed pieces back in the same turn,
-//! so input order needs no reordering buffer. Batch boundaries are decided by the reader
+//! so input order needs no reordering buffer: that part is the library's
+//! [`precedent::ingest::Ordered`], which sync's receiving sides use too. Batch boundaries are decided by the reader
 //! exactly as a single-threaded import decides them (see [`Chunker`]), and a batch is
 //! handed over only once all of it has arrived, so that what the writer prints and
 //! stores does not depend on the number of threads.
@@ -17,14 +18,18 @@
 //! hash prefixes must be looked up (see [`Parsed::NeedsStore`]) is parsed there and
 //! resolved by the writer, against the store and the batch's earlier records, as before.
 //!
-//! Memory: while the writer stores a batch, at most [`AHEAD_RECORDS`] parsed records (or
-//! one batch, if smaller) wait in the output channels, plus one piece per worker and one
-//! per input channel. A parsed fact takes about 2.7 KB, so 10,000 of them are about 27 MB.
+//! Memory: while the writer stores a batch, at most [`AHEAD_RECORDS`] records of JSON or
+//! [`AHEAD_HELD`] of CBOR (or one batch, if smaller) are dealt to the workers and not yet taken by the writer, parsed or
+//! being parsed: the reader waits at a [`Gate`] for the writer to take them. That bound
+//! is [`AHEAD_HELD`] while the last batch held facts: such a batch is about to release
+//! them, or is children first, and then the held facts, the store's cascade and the batch
+//! itself take the memory that parsed records ahead would need, and the speed of parsing
+//! matters less. A parsed fact takes about 2.3 KB, so 25,000 of them are about 58 MB.
 
 use std::io::{self, BufRead};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::thread;
+use std::sync::{Arc, Condvar, Mutex};
 
+use precedent::ingest::Ordered;
 use precedent::json::{self, FactSpec};
 use precedent::{Error, Fact};
 
@@ -32,9 +37,11 @@ use super::records::{Body, Record, Records};
 
 /// Records per piece dealt to a worker: large enough that channel traffic is negligible,
 /// small enough that the workers share a batch evenly.
-pub const PIECE_RECORDS: usize = 1_000;
+pub const PIECE_RECORDS: usize = precedent::ingest::PIECE;
 /// Parsed records that may wait for the writer, in all (see the module's "Memory").
-pub const AHEAD_RECORDS: usize = 10_000;
+pub const AHEAD_RECORDS: usize = 25_000;
+/// Records ahead while the last batch held facts (and before the first batch is stored).
+pub const AHEAD_HELD: usize = 10_000;
 /// Bytes of records per piece, so that large facts do not pile up in the channels.
 const PIECE_BYTES: usize = 1 << 20;
 
@@ -85,14 +92,18 @@ pub fn parse(body: Body) -> Parsed {
     }
 }
 
-/// Where a batch ends: after `records` records or `bytes` bytes of record text; and how
+/// Where a batch ends: after `records` records or `bytes` bytes of record text; how
 /// many records go to a worker at a time (`piece`: [`PIECE_RECORDS`], smaller in tests so
-/// that small inputs cross piece boundaries).
+/// that small inputs cross piece boundaries); and how many may be parsed ahead of the
+/// writer while the batches hold nothing (`ahead`: [`AHEAD_RECORDS`] for JSON, whose
+/// parsing costs as much as storing; [`AHEAD_HELD`] for CBOR, decoded in about a
+/// microsecond a record, for which more ahead would only cost memory).
 #[derive(Clone, Copy)]
 pub struct Chunker {
     pub records: usize,
     pub bytes: usize,
     pub piece: usize,
+    pub ahead: usize,
 }
 
 impl Chunker {
@@ -118,8 +129,8 @@ pub enum Batches {
     },
     /// A reader thread and worker threads.
     Piped {
-        outputs: Vec<Receiver<Piece>>,
-        next: usize,
+        pieces: Ordered<Piece>,
+        gate: GateHandle,
         done: bool,
     },
 }
@@ -158,24 +169,39 @@ impl Batches {
         if threads <= 1 {
             return Ok(Batches::Inline { records, chunker });
         }
-        let ahead = (chunker.records.min(AHEAD_RECORDS) / chunker.piece / threads).max(1);
-        let mut inputs = Vec::with_capacity(threads);
-        let mut outputs = Vec::with_capacity(threads);
-        for i in 0..threads {
-            let (in_tx, in_rx) = sync_channel::<Job>(1);
-            let (out_tx, out_rx) = sync_channel::<Piece>(ahead);
-            thread::Builder::new()
-                .name(format!("import-parse-{i}"))
-                .spawn(move || work(&in_rx, &out_tx))?;
-            inputs.push(in_tx);
-            outputs.push(out_rx);
-        }
-        thread::Builder::new()
-            .name("import-read".into())
-            .spawn(move || read(records, chunker, &inputs))?;
+        // The channels hold up to the larger bound; the gate keeps to the one in force.
+        let ahead =
+            (chunker.records.min(chunker.ahead.max(AHEAD_HELD)) / chunker.piece / threads).max(1);
+        let gate = Arc::new(Gate {
+            state: Mutex::new(GateState {
+                dealt: 0,
+                limit: chunker.records.min(AHEAD_HELD),
+                closed: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let reader_gate = gate.clone();
+        // Detached threads: the reader may block on standard input after the writer has
+        // stopped at an error, which a scope would wait for.
+        let pieces = Ordered::start_detached(
+            "import-parse",
+            threads,
+            ahead,
+            move |give| {
+                read(records, chunker, &mut |job| {
+                    if let Job::Records { records, .. } = &job
+                        && !reader_gate.deal(records.len())
+                    {
+                        return false;
+                    }
+                    give(job)
+                })
+            },
+            work,
+        )?;
         Ok(Batches::Piped {
-            outputs,
-            next: 0,
+            pieces,
+            gate: GateHandle(gate),
             done: false,
         })
     }
@@ -194,17 +220,15 @@ impl Batches {
                 }
                 Ok((!batch.is_empty()).then_some(batch))
             }
-            Batches::Piped {
-                outputs,
-                next,
-                done,
-            } => {
+            Batches::Piped { pieces, gate, done } => {
                 let mut batch = Vec::new();
                 while !*done {
-                    let piece = outputs[*next % outputs.len()].recv().map_err(|_| {
+                    let piece = pieces.next().ok_or_else(|| {
                         io::Error::other("an import worker thread stopped unexpectedly")
                     })?;
-                    *next += 1;
+                    if let Piece::Items { items, .. } = &piece {
+                        gate.0.taken(items.len());
+                    }
                     match piece {
                         Piece::Items { items, ends_batch } => {
                             batch.extend(items);
@@ -225,6 +249,69 @@ impl Batches {
     }
 }
 
+impl Batches {
+    /// Says whether the batch just stored held facts: the reader may then parse only
+    /// [`AHEAD_HELD`] records ahead of the writer, else `chunker.ahead`.
+    pub fn stored(&self, held: bool, chunker: &Chunker) {
+        if let Batches::Piped { gate, .. } = self {
+            let ahead = if held { AHEAD_HELD } else { chunker.ahead };
+            gate.0.set_limit(chunker.records.min(ahead));
+        }
+    }
+}
+
+/// How many records the reader has dealt that the writer has not taken, and how many it
+/// may: the reader waits here while the writer stores.
+struct Gate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+struct GateState {
+    dealt: usize,
+    limit: usize,
+    /// The writer has gone.
+    closed: bool,
+}
+
+impl Gate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until `n` more records may be dealt (at once if none are out); `false` if the
+    /// writer has gone.
+    fn deal(&self, n: usize) -> bool {
+        let mut s = self.lock();
+        while !s.closed && s.dealt > 0 && s.dealt + n > s.limit {
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.dealt += n;
+        !s.closed
+    }
+
+    fn taken(&self, n: usize) {
+        let mut s = self.lock();
+        s.dealt = s.dealt.saturating_sub(n);
+        self.changed.notify_all();
+    }
+
+    fn set_limit(&self, limit: usize) {
+        self.lock().limit = limit;
+        self.changed.notify_all();
+    }
+}
+
+/// The writer's side of the gate, which lets the reader go when it is dropped.
+pub struct GateHandle(Arc<Gate>);
+
+impl Drop for GateHandle {
+    fn drop(&mut self) {
+        self.0.lock().closed = true;
+        self.0.changed.notify_all();
+    }
+}
+
 fn item(rec: Record) -> Item {
     Item {
         label: rec.label,
@@ -232,24 +319,18 @@ fn item(rec: Record) -> Item {
     }
 }
 
-/// A worker: parses each piece of records it is given and passes it on. It stops when
-/// the reader is done or the writer has gone.
-fn work(input: &Receiver<Job>, output: &SyncSender<Piece>) {
-    while let Ok(job) = input.recv() {
-        let piece = match job {
-            Job::Records {
-                records,
-                ends_batch,
-            } => Piece::Items {
-                items: records.into_iter().map(item).collect(),
-                ends_batch,
-            },
-            Job::Failed(e) => Piece::Failed(e),
-            Job::End => Piece::End,
-        };
-        if output.send(piece).is_err() {
-            return;
-        }
+/// A worker's job: parses a piece of records, or passes on how the input ended.
+fn work(job: Job) -> Piece {
+    match job {
+        Job::Records {
+            records,
+            ends_batch,
+        } => Piece::Items {
+            items: records.into_iter().map(item).collect(),
+            ends_batch,
+        },
+        Job::Failed(e) => Piece::Failed(e),
+        Job::End => Piece::End,
     }
 }
 
@@ -258,14 +339,8 @@ fn work(input: &Receiver<Job>, output: &SyncSender<Piece>) {
 fn read(
     mut records: Records<Box<dyn BufRead + Send>>,
     chunker: Chunker,
-    workers: &[SyncSender<Job>],
+    send: &mut dyn FnMut(Job) -> bool,
 ) {
-    let mut turn = 0;
-    let mut send = |job: Job| {
-        let sent = workers[turn % workers.len()].send(job).is_ok();
-        turn += 1;
-        sent
-    };
     let (mut in_batch, mut batch_bytes) = (0, 0);
     let mut piece = Vec::new();
     let mut piece_bytes = 0;

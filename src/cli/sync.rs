@@ -142,6 +142,7 @@ pub fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<Status> {
     config.store_options.max_held = g.max_held();
     config.tokens = tokens;
     config.tls = a.tls_cert.zip(a.tls_key);
+    config.decode_threads = super::import::threads();
     config.limits = Limits {
         max_body_bytes: a.max_body_bytes,
         max_facts_per_request: a.max_facts_per_request.max(1),
@@ -192,6 +193,7 @@ pub fn sync(g: &Global, a: SyncArgs) -> anyhow::Result<Status> {
             token: a.token.clone(),
             ca_cert_pem,
             batch: a.batch.max(1),
+            decode_threads: super::import::threads(),
             ..ClientOptions::default()
         },
     )?;

@@ -30,6 +30,9 @@ pub struct ClientOptions {
     pub batch: u64,
     /// Longest wait for a connection, an answer to start, or a body to arrive. Default 60 s.
     pub timeout: Duration,
+    /// Threads that decode and re-hash pulled pages (`precedent::ingest`), beside the
+    /// reader thread that fetches them; 0, the default, is one per core.
+    pub decode_threads: usize,
 }
 
 impl Default for ClientOptions {
@@ -39,6 +42,7 @@ impl Default for ClientOptions {
             ca_cert_pem: None,
             batch: 20_000,
             timeout: Duration::from_secs(60),
+            decode_threads: 0,
         }
     }
 }
@@ -142,6 +146,7 @@ pub struct Client {
     agent: ureq::Agent,
     token: Option<String>,
     batch: u64,
+    decode_threads: usize,
 }
 
 impl Client {
@@ -185,6 +190,7 @@ impl Client {
             agent: config.build().new_agent(),
             token: options.token,
             batch: options.batch.max(1),
+            decode_threads: options.decode_threads,
         })
     }
 

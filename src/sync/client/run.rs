@@ -10,6 +10,7 @@ use super::{Client, Direction, Phase, Progress, SyncOptions, SyncReport};
 use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::FactHash;
+use crate::ingest::{self, Ordered};
 use crate::store::{BatchReport, Store};
 use crate::sync::SetDigest;
 use crate::sync::wire::{FramingError, ServerLimits};
@@ -263,15 +264,19 @@ impl Client {
         progress: &mut dyn FnMut(Progress),
     ) -> Result<bool> {
         let start = r.store.peer(&r.key)?.map_or(0, |p| p.pull_after);
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Decoded>>(1);
         let ours = if r.roots.is_empty() {
             r.ours.clone()
         } else {
             Ranges::default() // a scoped page is not a range of the sequence
         };
         let (roots, page) = (r.roots, r.page);
+        let threads = ingest::threads(self.decode_threads);
+        // About one page decoded ahead of the commit, as many pieces per worker.
+        let ahead = (page as usize / ingest::PIECE / threads).max(1);
         std::thread::scope(|scope| {
-            scope.spawn(move || {
+            // The reader thread fetches pages and deals their records to the workers in
+            // pieces; this thread takes the decoded pieces back in order.
+            let feed = move |give: &mut dyn FnMut(PullJob) -> bool| {
                 let (mut after, mut wait) = (start, wait);
                 loop {
                     // Skip what this round pushed, and stop a page short of the next of it.
@@ -281,35 +286,79 @@ impl Client {
                         .map_or(page, |next| page.min((next - after - 1).max(1) as u64));
                     let got = self.pull_page(after, limit, wait, roots);
                     wait = Duration::ZERO;
-                    let decoded = got.map(|p| {
-                        let last = p.through >= p.max_seq || p.records.is_empty();
-                        let bytes = p.records.iter().map(record_len).sum();
-                        let (facts, bad) = decode_records(p.records);
-                        Decoded {
-                            through: p.through,
-                            max_seq: p.max_seq,
-                            last,
-                            facts,
-                            bad,
-                            bytes,
-                            store: p.store,
+                    let p = match got {
+                        Ok(p) => p,
+                        Err(e) => {
+                            give(PullJob::Failed(e));
+                            return;
                         }
-                    });
-                    let stop = decoded.as_ref().map_or(true, |d| d.last);
-                    if let Ok(d) = &decoded {
-                        after = d.through;
+                    };
+                    let last = p.through >= p.max_seq || p.records.is_empty();
+                    let end = PageEnd {
+                        through: p.through,
+                        max_seq: p.max_seq,
+                        bytes: p.records.iter().map(record_len).sum(),
+                        store: p.store,
+                    };
+                    after = p.through;
+                    let mut records = p.records.into_iter();
+                    loop {
+                        let piece: Vec<_> = records.by_ref().take(ingest::PIECE).collect();
+                        if piece.is_empty() {
+                            break;
+                        }
+                        if !give(PullJob::Records(piece)) {
+                            return;
+                        }
                     }
-                    if tx.send(decoded).is_err() || stop {
+                    if !give(PullJob::End(end)) || last {
                         return;
                     }
                 }
-            });
+            };
+            let work = |job: PullJob| match job {
+                PullJob::Records(records) => PullOut::Decoded(
+                    records
+                        .into_iter()
+                        .map(|r| match r {
+                            Ok(bytes) => {
+                                Fact::from_canonical(&bytes).map_err(|e| (e.to_string(), bytes))
+                            }
+                            Err(e) => Err((e.reason, e.bytes)),
+                        })
+                        .collect(),
+                ),
+                PullJob::End(end) => PullOut::End(end),
+                PullJob::Failed(e) => PullOut::Failed(e),
+            };
+            let pieces = Ordered::start(scope, "sync-decode", threads, ahead, feed, work)
+                .map_err(Error::Io)?;
             let mut done = 0;
             let mut first = true;
-            for page in rx {
-                let page = page?;
+            let (mut facts, mut bad) = (Vec::new(), Vec::new());
+            for out in pieces {
+                let end = match out {
+                    PullOut::Decoded(records) => {
+                        for d in records {
+                            match d {
+                                Ok(f) => facts.push(f),
+                                Err(b) => bad.push(b),
+                            }
+                        }
+                        continue;
+                    }
+                    PullOut::Failed(e) => return Err(e),
+                    PullOut::End(end) => end,
+                };
+                let page = Decoded {
+                    through: end.through,
+                    max_seq: end.max_seq,
+                    facts: std::mem::take(&mut facts),
+                    bad: std::mem::take(&mut bad),
+                    bytes: end.bytes,
+                };
                 if std::mem::take(&mut first)
-                    && let Some(id) = &page.store
+                    && let Some(id) = &end.store
                 {
                     if *id == r.local_id {
                         return Err(self.itself(id));
@@ -615,13 +664,37 @@ struct Body {
     last: i64,
 }
 
-/// A pulled page, decoded on the reader thread.
+/// A pulled page, decoded.
 struct Decoded {
     through: i64,
     max_seq: i64,
-    last: bool,
     facts: Vec<Fact>,
     bad: Vec<(String, Vec<u8>)>,
+    /// Bytes of the page's records.
+    bytes: u64,
+}
+
+/// What the reader thread of a pull hands the decoding workers.
+enum PullJob {
+    /// A piece of a page's records.
+    Records(Vec<std::result::Result<Vec<u8>, FramingError>>),
+    /// The page ends here.
+    End(PageEnd),
+    /// The pull failed here; nothing after it was read.
+    Failed(Error),
+}
+
+/// What a worker hands back, in the order of the jobs.
+enum PullOut {
+    Decoded(Vec<ingest::Decoded>),
+    End(PageEnd),
+    Failed(Error),
+}
+
+/// The rest of a pulled page, after its records.
+struct PageEnd {
+    through: i64,
+    max_seq: i64,
     /// Bytes of the page's records.
     bytes: u64,
     store: Option<String>,

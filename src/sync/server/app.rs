@@ -37,6 +37,8 @@ pub(super) struct App {
     pub(super) push_budget_bytes: usize,
     /// One permit: the push whose body is being stored.
     pub(super) push_turn: tokio::sync::Semaphore,
+    /// Threads decoding a push ([`super::ServerConfig::decode_threads`]).
+    pub(super) decode_threads: usize,
 }
 
 impl App {

@@ -102,6 +102,9 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// How often a waiting pull looks for new facts. Default 50 ms.
     pub poll_interval: Duration,
+    /// Threads that decode and re-hash the records of a push (`precedent::ingest`), for
+    /// a body of more than 1,000 records; 0, the default, is one per core.
+    pub decode_threads: usize,
 }
 
 impl ServerConfig {
@@ -115,6 +118,7 @@ impl ServerConfig {
             tls: None,
             limits: Limits::default(),
             poll_interval: Duration::from_millis(50),
+            decode_threads: 0,
         }
     }
 }
@@ -197,6 +201,7 @@ impl Server {
             )),
             push_budget_bytes: self.config.limits.push_budget(),
             push_turn: Semaphore::new(1),
+            decode_threads: self.config.decode_threads,
         });
         let router = access::logged(router(app.clone()));
         let connections = Arc::new(Semaphore::new(self.config.limits.max_connections));

@@ -7,6 +7,11 @@
 //! announced length, then split, decoded and stored in chunks of [`CHUNK`] facts inside
 //! the one write transaction: the index of its records and one chunk of decoded facts
 //! exist only for the push that holds the writer, beside the bodies that wait.
+//!
+//! Decoding and re-hashing run on every core (`crate::ingest`, as `import` does), a few
+//! pieces of 1,000 records ahead of the writer, which takes the facts in body order: the
+//! quarantine, the first forbidden type, the chunks and the counts are what a decoding
+//! in this one thread gives.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -21,6 +26,7 @@ use super::routes::{json_response, require_content_type, too_many};
 use crate::error::Error;
 use crate::fact::Fact;
 use crate::hash::FactHash;
+use crate::ingest;
 use crate::store::{BatchReport, Writer};
 use crate::sync::auth::Grant;
 use crate::sync::metrics::inc;
@@ -141,11 +147,15 @@ fn store_push(app: &App, caller: &Caller, bytes: &[u8]) -> Result<PushReport, Fa
         inc(&app.metrics.facts_received, records.len() as u64);
         let mut push = Push::new(w.max_seq()?);
         let mut chunk = Vec::with_capacity(CHUNK.min(records.len()));
-        for (i, r) in records.iter().enumerate() {
-            let fact = match r {
-                Ok(b) => Fact::from_canonical(b).map_err(|e| (e.to_string(), b.to_vec())),
-                Err(e) => Err((e.reason.clone(), e.bytes.clone())),
-            };
+        // Decoded and re-hashed on every core, taken here in body order.
+        let decode = |r: &Result<&[u8], wire::FramingError>| match r {
+            Ok(b) => ingest::decode(b),
+            Err(e) => Err((e.reason.clone(), e.bytes.clone())),
+        };
+        let mut i = 0;
+        ingest::for_each_in_order(&records, app.decode_threads, decode, |fact| {
+            let index = i;
+            i += 1;
             match fact {
                 Ok(f) => {
                     if let Some(g) = &caller.grant
@@ -164,13 +174,11 @@ fn store_push(app: &App, caller: &Caller, bytes: &[u8]) -> Result<PushReport, Fa
                 }
                 Err((reason, b)) => {
                     w.quarantine(&caller.name, &reason, &b)?;
-                    push.rejected.push(Rejected {
-                        index: i as u64,
-                        reason,
-                    });
+                    push.rejected.push(Rejected { index, reason });
                 }
             }
-        }
+            Ok(())
+        })?;
         push.insert(w, chunk)?;
         push.finish(w, &caller.name, app.limits.max_held_per_peer, records.len())
     });
