@@ -323,7 +323,7 @@ impl Ix<'_> {
                         " ELSE ",
                         state_code!(Ready),
                         " END,
-                             claimable_at = CASE WHEN blockers > 0 THEN NULL ELSE ?4 END,
+                             claimable_at = CASE WHEN blockers > 0 THEN NULL ELSE CAST(?4 AS BIGINT) END,
                              attempts = 0, first_attempt_at = NULL, lease_token = NULL,
                              last_error = NULL, entry = NULL
                          WHERE queue_id = ?1 AND input = ?2 AND entry = ?3 AND state IN (",

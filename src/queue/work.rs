@@ -967,6 +967,11 @@ fn backfill(w: &mut Writer<'_>, spec: &QueueSpec, id: i64) -> Result<()> {
     }
     type_ids.sort_unstable();
     type_ids.dedup();
+    if type_ids.is_empty() {
+        // No fact of these types yet: nothing to back-fill (and PostgreSQL refuses an
+        // empty `IN ()`, which SQLite takes as matching nothing).
+        return Ok(());
+    }
     let list = type_ids
         .iter()
         .map(|t| t.to_string())
