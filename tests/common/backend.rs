@@ -17,6 +17,7 @@
 
 use std::path::PathBuf;
 
+use precedent::store::Dialect;
 use precedent::{Store, StoreOptions};
 
 use super::pg;
@@ -36,6 +37,11 @@ pub fn postgres_ready() -> bool {
 }
 
 impl Backend {
+    /// Whether this backend's tests can run here (see [`postgres_ready`]).
+    pub fn ready(self) -> bool {
+        self == Backend::Sqlite || postgres_ready()
+    }
+
     /// A private, empty store with default options.
     pub fn store(self) -> Store {
         self.store_with(StoreOptions::default())
@@ -74,6 +80,16 @@ impl Backend {
                 }
             }
         }
+    }
+}
+
+/// The type of a byte-string column in a table a test creates through `store`'s own
+/// SQL connection: SQLite's `BLOB`, PostgreSQL's `BYTEA`.
+pub fn blob_type(store: &Store) -> &'static str {
+    if store.dialect() == Dialect::Postgres {
+        "BYTEA"
+    } else {
+        "BLOB"
     }
 }
 
@@ -166,9 +182,16 @@ macro_rules! conformance {
         fn $name($b: $crate::common::backend::Backend) $body
 
         mod $name {
-            #[test]
-            fn sqlite() {
-                super::$name($crate::common::backend::Backend::Sqlite)
+            $crate::conformance!(@arm $name, sqlite, Sqlite);
+        }
+    };
+    // One test `arm` calling `name` with the backends given, when they are all there.
+    (@arm $name:ident, $arm:ident, $($v:ident),+) => {
+        #[test]
+        fn $arm() {
+            use $crate::common::backend::Backend;
+            if $(Backend::$v.ready())&&+ {
+                super::$name($(Backend::$v),+)
             }
         }
     };
@@ -177,18 +200,9 @@ macro_rules! conformance {
         fn $name($b: $crate::common::backend::Backend) $body
 
         mod $name {
-            #[test]
-            fn sqlite() {
-                super::$name($crate::common::backend::Backend::Sqlite)
-            }
-
+            $crate::conformance!(@arm $name, sqlite, Sqlite);
             #[cfg(feature = "postgres")]
-            #[test]
-            fn postgres() {
-                if $crate::common::backend::postgres_ready() {
-                    super::$name($crate::common::backend::Backend::Postgres)
-                }
-            }
+            $crate::conformance!(@arm $name, postgres, Postgres);
         }
     )*};
 }
@@ -202,28 +216,11 @@ macro_rules! conformance_sync {
         fn $name($s: $crate::common::backend::Backend, $c: $crate::common::backend::Backend) $body
 
         mod $name {
-            use $crate::common::backend::Backend;
-
-            #[test]
-            fn sqlite_sqlite() {
-                super::$name(Backend::Sqlite, Backend::Sqlite)
-            }
-
+            $crate::conformance!(@arm $name, sqlite_sqlite, Sqlite, Sqlite);
             #[cfg(feature = "postgres")]
-            #[test]
-            fn postgres_sqlite() {
-                if $crate::common::backend::postgres_ready() {
-                    super::$name(Backend::Postgres, Backend::Sqlite)
-                }
-            }
-
+            $crate::conformance!(@arm $name, postgres_sqlite, Postgres, Sqlite);
             #[cfg(feature = "postgres")]
-            #[test]
-            fn postgres_postgres() {
-                if $crate::common::backend::postgres_ready() {
-                    super::$name(Backend::Postgres, Backend::Postgres)
-                }
-            }
+            $crate::conformance!(@arm $name, postgres_postgres, Postgres, Postgres);
         }
     )*};
 }
