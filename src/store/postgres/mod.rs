@@ -69,6 +69,18 @@ pub struct PostgresBackend {
 
 pub(crate) type PgBackend = PostgresBackend;
 
+impl Drop for PostgresBackend {
+    /// Closes the idle connections on a thread of their own: the blocking client closes
+    /// on a runtime of its own, which panics inside an async runtime ("Cannot start a
+    /// runtime from within a runtime"), where a sync server drops its store.
+    fn drop(&mut self) {
+        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if !idle.is_empty() {
+            let _ = std::thread::spawn(move || drop(idle)).join();
+        }
+    }
+}
+
 impl PostgresBackend {
     /// Connects to the database at `url` (a libpq URL: user, password, host, port,
     /// database, `sslmode=disable|prefer`, `application_name`, `connect_timeout`, ...),

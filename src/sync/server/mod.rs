@@ -139,8 +139,19 @@ impl Server {
     /// [`Error::Io`] if the address cannot be bound; [`Error::SyncConfig`] for bad TLS
     /// files; store errors from opening the database.
     pub async fn bind(config: ServerConfig) -> Result<Server> {
-        let store = Arc::new(Store::open_with(&config.db, config.store_options.clone())?);
-        let store_id = store.store_id()?;
+        // On a blocking thread: PostgreSQL's blocking client runs a runtime of its own,
+        // which may not start inside this one ("Cannot start a runtime from within a
+        // runtime"), and opening may wait on the database anyway.
+        let (db, options) = (config.db.clone(), config.store_options.clone());
+        let (store, store_id) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let store = Store::open_with(&db, options)?;
+            let id = store.store_id()?;
+            Ok((Arc::new(store), id))
+        })
+        .await
+        .map_err(|e| Error::SyncConfig {
+            reason: format!("opening the database panicked: {e}"),
+        })??;
         let tls = match &config.tls {
             Some((cert, key)) => Some(tls_acceptor(cert, key)?),
             None => None,
