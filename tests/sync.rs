@@ -19,156 +19,161 @@ use precedent::sync::server::Limits;
 use precedent::{Error, FactHash, Store};
 use sync_support::*;
 
-#[test]
-fn two_nodes_converge_both_ways() {
-    let a = Node::new();
-    let b = Node::new();
-    let shared = chain(50);
-    let sa = a.store();
-    sa.insert_batch(shared.clone()).unwrap();
-    sa.insert_batch(tree("A", &shared[49], 300)).unwrap();
-    let sb = b.store();
-    sb.insert_batch(shared[..20].to_vec()).unwrap();
-    sb.insert_batch(tree("B", &shared[10], 200)).unwrap();
-    let server = a.serve();
-    let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
-    let report = client
-        .sync(&sb, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert_eq!(report.held, 0);
-    assert!(report.pushed >= 200, "{report:?}");
-    assert_converged(&[&a, &b]);
-    // The facts B pushed come back once as duplicates (A released them after B's pull
-    // bookmark); after that a sync moves nothing.
-    let again = client
-        .sync(&sb, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert_eq!((again.inserted, again.pushed), (0, 0), "{again:?}");
-    assert!(again.pulled <= report.pushed, "{again:?}");
-    let third = client
-        .sync(&sb, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert_eq!((third.pulled, third.pushed), (0, 0), "{third:?}");
-    let peer = sb.peer(&server.url()).unwrap().unwrap();
-    assert_eq!(peer.lag(), 0);
-    assert!(peer.last_sync_ms.is_some() && peer.last_error.is_none());
-}
-
-/// The database behind a URL is replaced by another (a server reset, or another server on
-/// the same port): the client notices by the store identity the server reports, its
-/// bookmarks start again from 0, and both sides end with everything. Without the identity
-/// the stale bookmarks would skip the new database's first facts and never push again.
-#[test]
-fn a_replaced_database_behind_the_same_url_is_synced_from_the_start() {
-    let (old, new, client_node) = (Node::new(), Node::new(), Node::new());
-    old.store().insert_batch(chain(40)).unwrap();
-    let root = fact("Mine", 0, &[]);
-    let mut mine = vec![root.clone()];
-    mine.extend(tree("Mine", &root, 30));
-    client_node.store().insert_batch(mine).unwrap();
-    let fresh = fact("Fresh", 0, &[]);
-    let mut theirs = vec![fresh.clone()];
-    theirs.extend(tree("Fresh", &fresh, 10));
-    new.store().insert_batch(theirs).unwrap();
-
-    let server = old.serve();
-    let (url, addr) = (server.url(), server.addr());
-    let client = Client::new(&url, ClientOptions::default()).unwrap();
-    let cs = client_node.store();
-    let first = client
-        .sync(&cs, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert!(!first.replaced);
-    assert_converged(&[&old, &client_node]);
-    let before = cs.peer(&url).unwrap().unwrap();
-    assert!(
-        before.pull_after > 11 && before.push_after > 0,
-        "{before:?}"
-    );
-    server.stop().unwrap();
-
-    // The new database, served at the same address.
-    let server = new.serve_with(|c| c.listen = addr);
-    assert_eq!(server.url(), url);
-    let second = client
-        .sync(&cs, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert!(second.replaced, "{second:?}");
-    assert_eq!(second.inserted, 11, "{second:?}");
-    assert_converged(&[&new, &client_node]);
-    // And from then on the bookmarks are those of the new database.
-    let third = client
-        .sync(&cs, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert!(!third.replaced);
-    assert_eq!((third.inserted, third.pushed), (0, 0), "{third:?}");
-}
-
-/// Push alone notices a replaced database too: the first answer's identity differs, the
-/// push bookmark goes back to 0, and everything is pushed to the new database.
-#[test]
-fn a_push_to_a_replaced_database_pushes_everything_again() {
-    let (old, new, client_node) = (Node::new(), Node::new(), Node::new());
-    let cs = client_node.store();
-    cs.insert_batch(chain(25)).unwrap();
-    let server = old.serve();
-    let (url, addr) = (server.url(), server.addr());
-    let client = Client::new(&url, ClientOptions::default()).unwrap();
-    let push = SyncOptions {
-        direction: Direction::Push,
-        ..SyncOptions::default()
-    };
-    assert_eq!(client.sync(&cs, &push, &mut |_| {}).unwrap().pushed, 25);
-    cs.insert_batch(vec![fact("Later", 1, &[])]).unwrap();
-    server.stop().unwrap();
-    let server = new.serve_with(|c| c.listen = addr);
-    assert_eq!(server.url(), url);
-    let r = client.sync(&cs, &push, &mut |_| {}).unwrap();
-    assert!(r.replaced, "{r:?}");
-    assert_converged(&[&new, &client_node]);
-}
-
-#[test]
-fn three_nodes_in_a_line_converge() {
-    let nodes = [Node::new(), Node::new(), Node::new()];
-    for (i, n) in nodes.iter().enumerate() {
-        let root = fact("Root", i as i64, &[]);
-        let s = n.store();
-        s.insert(&root).unwrap();
-        s.insert_batch(tree(&format!("N{i}"), &root, 150)).unwrap();
+conformance_sync! {
+    fn two_nodes_converge_both_ways(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let b = Node::on(client);
+        let shared = chain(50);
+        let sa = a.store();
+        sa.insert_batch(shared.clone()).unwrap();
+        sa.insert_batch(tree("A", &shared[49], 300)).unwrap();
+        let sb = b.store();
+        sb.insert_batch(shared[..20].to_vec()).unwrap();
+        sb.insert_batch(tree("B", &shared[10], 200)).unwrap();
+        let server = a.serve();
+        let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
+        let report = client
+            .sync(&sb, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert_eq!(report.held, 0);
+        assert!(report.pushed >= 200, "{report:?}");
+        assert_converged(&[&a, &b]);
+        // The facts B pushed come back once as duplicates (A released them after B's pull
+        // bookmark); after that a sync moves nothing.
+        let again = client
+            .sync(&sb, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert_eq!((again.inserted, again.pushed), (0, 0), "{again:?}");
+        assert!(again.pulled <= report.pushed, "{again:?}");
+        let third = client
+            .sync(&sb, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert_eq!((third.pulled, third.pushed), (0, 0), "{third:?}");
+        let peer = sb.peer(&server.url()).unwrap().unwrap();
+        assert_eq!(peer.lag(), 0);
+        assert!(peer.last_sync_ms.is_some() && peer.last_error.is_none());
     }
-    let servers: Vec<_> = nodes.iter().map(|n| n.serve()).collect();
-    // 0 <-> 1 <-> 2, twice round so facts from 2 reach 0 and back.
-    for _ in 0..2 {
-        sync_pair(&nodes[0], &servers[1].url());
-        sync_pair(&nodes[2], &servers[1].url());
-    }
-    let refs: Vec<&Node> = nodes.iter().collect();
-    assert_converged(&refs);
 }
 
-#[test]
-fn pull_and_push_only_move_one_way() {
-    let a = Node::new();
-    let b = Node::new();
-    a.store().insert_batch(chain(30)).unwrap();
-    let mine = fact("Mine", 1, &[]);
-    b.store().insert(&mine).unwrap();
-    let server = a.serve();
-    let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
-    let pull = SyncOptions {
-        direction: Direction::Pull,
-        ..SyncOptions::default()
-    };
-    client.sync(&b.store(), &pull, &mut |_| {}).unwrap();
-    assert!(a.store().get(&mine.hash()).unwrap().is_none());
-    assert_eq!(hashes(&b.store()).len(), 31);
-    let push = SyncOptions {
-        direction: Direction::Push,
-        ..SyncOptions::default()
-    };
-    client.sync(&b.store(), &push, &mut |_| {}).unwrap();
-    assert!(a.store().get(&mine.hash()).unwrap().is_some());
+conformance_sync! {
+    /// The database behind a URL is replaced by another (a server reset, or another server on
+    /// the same port): the client notices by the store identity the server reports, its
+    /// bookmarks start again from 0, and both sides end with everything. Without the identity
+    /// the stale bookmarks would skip the new database's first facts and never push again.
+    fn a_replaced_database_behind_the_same_url_is_synced_from_the_start(server: Backend, client: Backend) {
+        let (old, new, client_node) = (Node::on(server), Node::on(server), Node::on(client));
+        old.store().insert_batch(chain(40)).unwrap();
+        let root = fact("Mine", 0, &[]);
+        let mut mine = vec![root.clone()];
+        mine.extend(tree("Mine", &root, 30));
+        client_node.store().insert_batch(mine).unwrap();
+        let fresh = fact("Fresh", 0, &[]);
+        let mut theirs = vec![fresh.clone()];
+        theirs.extend(tree("Fresh", &fresh, 10));
+        new.store().insert_batch(theirs).unwrap();
+
+        let server = old.serve();
+        let (url, addr) = (server.url(), server.addr());
+        let client = Client::new(&url, ClientOptions::default()).unwrap();
+        let cs = client_node.store();
+        let first = client
+            .sync(&cs, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert!(!first.replaced);
+        assert_converged(&[&old, &client_node]);
+        let before = cs.peer(&url).unwrap().unwrap();
+        assert!(
+            before.pull_after > 11 && before.push_after > 0,
+            "{before:?}"
+        );
+        server.stop().unwrap();
+
+        // The new database, served at the same address.
+        let server = new.serve_with(|c| c.listen = addr);
+        assert_eq!(server.url(), url);
+        let second = client
+            .sync(&cs, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert!(second.replaced, "{second:?}");
+        assert_eq!(second.inserted, 11, "{second:?}");
+        assert_converged(&[&new, &client_node]);
+        // And from then on the bookmarks are those of the new database.
+        let third = client
+            .sync(&cs, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert!(!third.replaced);
+        assert_eq!((third.inserted, third.pushed), (0, 0), "{third:?}");
+    }
+}
+
+conformance_sync! {
+    /// Push alone notices a replaced database too: the first answer's identity differs, the
+    /// push bookmark goes back to 0, and everything is pushed to the new database.
+    fn a_push_to_a_replaced_database_pushes_everything_again(server: Backend, client: Backend) {
+        let (old, new, client_node) = (Node::on(server), Node::on(server), Node::on(client));
+        let cs = client_node.store();
+        cs.insert_batch(chain(25)).unwrap();
+        let server = old.serve();
+        let (url, addr) = (server.url(), server.addr());
+        let client = Client::new(&url, ClientOptions::default()).unwrap();
+        let push = SyncOptions {
+            direction: Direction::Push,
+            ..SyncOptions::default()
+        };
+        assert_eq!(client.sync(&cs, &push, &mut |_| {}).unwrap().pushed, 25);
+        cs.insert_batch(vec![fact("Later", 1, &[])]).unwrap();
+        server.stop().unwrap();
+        let server = new.serve_with(|c| c.listen = addr);
+        assert_eq!(server.url(), url);
+        let r = client.sync(&cs, &push, &mut |_| {}).unwrap();
+        assert!(r.replaced, "{r:?}");
+        assert_converged(&[&new, &client_node]);
+    }
+}
+
+conformance_sync! {
+    fn three_nodes_in_a_line_converge(server: Backend, client: Backend) {
+        let nodes = [Node::on(client), Node::on(server), Node::on(client)];
+        for (i, n) in nodes.iter().enumerate() {
+            let root = fact("Root", i as i64, &[]);
+            let s = n.store();
+            s.insert(&root).unwrap();
+            s.insert_batch(tree(&format!("N{i}"), &root, 150)).unwrap();
+        }
+        let servers: Vec<_> = nodes.iter().map(|n| n.serve()).collect();
+        // 0 <-> 1 <-> 2, twice round so facts from 2 reach 0 and back.
+        for _ in 0..2 {
+            sync_pair(&nodes[0], &servers[1].url());
+            sync_pair(&nodes[2], &servers[1].url());
+        }
+        let refs: Vec<&Node> = nodes.iter().collect();
+        assert_converged(&refs);
+    }
+}
+
+conformance_sync! {
+    fn pull_and_push_only_move_one_way(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let b = Node::on(client);
+        a.store().insert_batch(chain(30)).unwrap();
+        let mine = fact("Mine", 1, &[]);
+        b.store().insert(&mine).unwrap();
+        let server = a.serve();
+        let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
+        let pull = SyncOptions {
+            direction: Direction::Pull,
+            ..SyncOptions::default()
+        };
+        client.sync(&b.store(), &pull, &mut |_| {}).unwrap();
+        assert!(a.store().get(&mine.hash()).unwrap().is_none());
+        assert_eq!(hashes(&b.store()).len(), 31);
+        let push = SyncOptions {
+            direction: Direction::Push,
+            ..SyncOptions::default()
+        };
+        client.sync(&b.store(), &push, &mut |_| {}).unwrap();
+        assert!(a.store().get(&mine.hash()).unwrap().is_some());
+    }
 }
 
 #[test]
