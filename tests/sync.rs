@@ -176,121 +176,124 @@ conformance_sync! {
     }
 }
 
-#[test]
-fn scoped_sync_takes_the_slice_below_its_roots_and_their_ancestors() {
-    let a = Node::new();
-    let world = fact("World", 0, &[]);
-    let shop1 = fact("Shop", 1, &[world.hash()]);
-    let shop2 = fact("Shop", 2, &[world.hash()]);
-    let other = fact("Other", 3, &[]);
-    let sa = a.store();
-    sa.insert_batch(vec![
-        world.clone(),
-        shop1.clone(),
-        shop2.clone(),
-        other.clone(),
-    ])
-    .unwrap();
-    sa.insert_batch(tree("S1", &shop1, 100)).unwrap();
-    sa.insert_batch(tree("S2", &shop2, 100)).unwrap();
-    let server = a.serve();
-    let c = Node::new();
-    let sc = c.store();
-    let client = Client::new(
-        &server.url(),
-        ClientOptions {
-            batch: 17,
-            ..ClientOptions::default()
-        },
-    )
-    .unwrap();
-    let scoped = SyncOptions {
-        direction: Direction::Pull,
-        roots: vec![shop1.hash()],
-    };
-    client.sync(&sc, &scoped, &mut |_| {}).unwrap();
-    let want: BTreeSet<FactHash> = std::iter::once(shop1.hash())
-        .chain(std::iter::once(world.hash()))
-        .chain(sa.descendants(&shop1.hash()).unwrap())
-        .collect();
-    assert_eq!(hashes(&sc), want);
-    // A new fact below the root that also names a fact outside the scope: it arrives
-    // held, and its missing ancestor is fetched.
-    let join = fact("Join", 9, &[shop1.hash(), other.hash()]);
-    sa.insert(&join).unwrap();
-    let r = client.sync(&sc, &scoped, &mut |_| {}).unwrap();
-    assert!(r.fetched >= 1, "{r:?}");
-    assert!(sc.get(&join.hash()).unwrap().is_some());
-    assert!(sc.get(&other.hash()).unwrap().is_some());
-    assert!(sc.get(&shop2.hash()).unwrap().is_none());
-    assert_eq!(sc.held_count().unwrap(), 0);
-    assert!(sc.verify(|_| {}).unwrap().is_clean());
-    assert_topological(&sc);
-}
-
-#[test]
-fn pushed_poison_is_quarantined_and_the_rest_stored() {
-    let a = Node::new();
-    let server = a.serve();
-    let good = fact("Good", 1, &[]);
-    let child = fact("Good", 2, &[good.hash()]);
-    let mut body = child.canonical_bytes().to_vec();
-    body.extend_from_slice(&[0x83, 0x01, 0x02, 0x03]); // an array, not a fact
-    body.extend_from_slice(good.canonical_bytes());
-    body.extend_from_slice(&[0x1b]); // an integer head cut short: unframeable to the end
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, None);
-    assert_eq!(status, 200, "{json}");
-    assert_eq!(json["received"], 4);
-    assert_eq!(json["inserted"], 2);
-    let rejected: Vec<u64> = json["rejected"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["index"].as_u64().unwrap())
-        .collect();
-    assert_eq!(rejected, vec![1, 3]);
-    let s = a.store();
-    assert!(s.get(&child.hash()).unwrap().is_some());
-    let q = s.quarantine(10).unwrap();
-    assert_eq!(q.len(), 2);
-    assert_eq!(q[1].bytes, vec![0x83, 0x01, 0x02, 0x03]);
-    assert_eq!(q[1].peer, "anonymous");
-    assert!(s.verify(|_| {}).unwrap().is_clean());
-    let metrics = get_text(&server, "/metrics", None);
-    assert!(
-        metrics.contains("precedent_sync_rejects_total 2"),
-        "{metrics}"
-    );
-    assert!(metrics.contains("precedent_quarantined 2"), "{metrics}");
-}
-
-#[test]
-fn pulled_poison_is_quarantined_and_the_page_still_committed() {
-    let good = fact("Good", 1, &[]);
-    let mut body = good.canonical_bytes().to_vec();
-    body.extend_from_slice(&[0x82, 0x01, 0x02]);
-    let fake = FakeServer::start(move |_req| {
-        let mut r = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/cbor-seq\r\nprecedent-through: 2\r\n\
-             precedent-count: 2\r\nprecedent-max-seq: 2\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
+conformance_sync! {
+    fn scoped_sync_takes_the_slice_below_its_roots_and_their_ancestors(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let world = fact("World", 0, &[]);
+        let shop1 = fact("Shop", 1, &[world.hash()]);
+        let shop2 = fact("Shop", 2, &[world.hash()]);
+        let other = fact("Other", 3, &[]);
+        let sa = a.store();
+        sa.insert_batch(vec![
+            world.clone(),
+            shop1.clone(),
+            shop2.clone(),
+            other.clone(),
+        ])
+        .unwrap();
+        sa.insert_batch(tree("S1", &shop1, 100)).unwrap();
+        sa.insert_batch(tree("S2", &shop2, 100)).unwrap();
+        let server = a.serve();
+        let c = Node::on(client);
+        let sc = c.store();
+        let client = Client::new(
+            &server.url(),
+            ClientOptions {
+                batch: 17,
+                ..ClientOptions::default()
+            },
         )
-        .into_bytes();
-        r.extend_from_slice(&body);
-        r
-    });
-    let b = Node::new();
-    let sb = b.store();
-    let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
-    let pull = SyncOptions {
-        direction: Direction::Pull,
-        ..SyncOptions::default()
-    };
-    let r = client.sync(&sb, &pull, &mut |_| {}).unwrap();
-    assert_eq!(r.quarantined, 1);
-    assert!(sb.get(&good.hash()).unwrap().is_some());
-    assert_eq!(sb.quarantine(10).unwrap()[0].peer, fake.url());
-    assert_eq!(sb.peer(&fake.url()).unwrap().unwrap().pull_after, 2);
+        .unwrap();
+        let scoped = SyncOptions {
+            direction: Direction::Pull,
+            roots: vec![shop1.hash()],
+        };
+        client.sync(&sc, &scoped, &mut |_| {}).unwrap();
+        let want: BTreeSet<FactHash> = std::iter::once(shop1.hash())
+            .chain(std::iter::once(world.hash()))
+            .chain(sa.descendants(&shop1.hash()).unwrap())
+            .collect();
+        assert_eq!(hashes(&sc), want);
+        // A new fact below the root that also names a fact outside the scope: it arrives
+        // held, and its missing ancestor is fetched.
+        let join = fact("Join", 9, &[shop1.hash(), other.hash()]);
+        sa.insert(&join).unwrap();
+        let r = client.sync(&sc, &scoped, &mut |_| {}).unwrap();
+        assert!(r.fetched >= 1, "{r:?}");
+        assert!(sc.get(&join.hash()).unwrap().is_some());
+        assert!(sc.get(&other.hash()).unwrap().is_some());
+        assert!(sc.get(&shop2.hash()).unwrap().is_none());
+        assert_eq!(sc.held_count().unwrap(), 0);
+        assert!(sc.verify(|_| {}).unwrap().is_clean());
+        assert_topological(&sc);
+    }
+}
+
+conformance! {
+    fn pushed_poison_is_quarantined_and_the_rest_stored(b: Backend) {
+        let a = Node::on(b);
+        let server = a.serve();
+        let good = fact("Good", 1, &[]);
+        let child = fact("Good", 2, &[good.hash()]);
+        let mut body = child.canonical_bytes().to_vec();
+        body.extend_from_slice(&[0x83, 0x01, 0x02, 0x03]); // an array, not a fact
+        body.extend_from_slice(good.canonical_bytes());
+        body.extend_from_slice(&[0x1b]); // an integer head cut short: unframeable to the end
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+        assert_eq!(status, 200, "{json}");
+        assert_eq!(json["received"], 4);
+        assert_eq!(json["inserted"], 2);
+        let rejected: Vec<u64> = json["rejected"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["index"].as_u64().unwrap())
+            .collect();
+        assert_eq!(rejected, vec![1, 3]);
+        let s = a.store();
+        assert!(s.get(&child.hash()).unwrap().is_some());
+        let q = s.quarantine(10).unwrap();
+        assert_eq!(q.len(), 2);
+        assert_eq!(q[1].bytes, vec![0x83, 0x01, 0x02, 0x03]);
+        assert_eq!(q[1].peer, "anonymous");
+        assert!(s.verify(|_| {}).unwrap().is_clean());
+        let metrics = get_text(&server, "/metrics", None);
+        assert!(
+            metrics.contains("precedent_sync_rejects_total 2"),
+            "{metrics}"
+        );
+        assert!(metrics.contains("precedent_quarantined 2"), "{metrics}");
+    }
+}
+
+conformance! {
+    fn pulled_poison_is_quarantined_and_the_page_still_committed(backend: Backend) {
+        let good = fact("Good", 1, &[]);
+        let mut body = good.canonical_bytes().to_vec();
+        body.extend_from_slice(&[0x82, 0x01, 0x02]);
+        let fake = FakeServer::start(move |_req| {
+            let mut r = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/cbor-seq\r\nprecedent-through: 2\r\n\
+                 precedent-count: 2\r\nprecedent-max-seq: 2\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            r.extend_from_slice(&body);
+            r
+        });
+        let b = Node::on(backend);
+        let sb = b.store();
+        let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
+        let pull = SyncOptions {
+            direction: Direction::Pull,
+            ..SyncOptions::default()
+        };
+        let r = client.sync(&sb, &pull, &mut |_| {}).unwrap();
+        assert_eq!(r.quarantined, 1);
+        assert!(sb.get(&good.hash()).unwrap().is_some());
+        assert_eq!(sb.quarantine(10).unwrap()[0].peer, fake.url());
+        assert_eq!(sb.peer(&fake.url()).unwrap().unwrap().pull_after, 2);
+    }
 }
 
 #[test]
@@ -360,152 +363,154 @@ fn a_fetched_fact_that_was_not_asked_for_is_quarantined() {
     assert_eq!(sb.held_count().unwrap(), 1);
 }
 
-#[test]
-fn tokens_decide_who_reads_and_writes_and_refusals_store_nothing() {
-    let a = Node::new();
-    let server = a.serve_with(|c| c.tokens = tokens());
-    let shop = fact("Shop", 1, &[]);
-    let order = fact("Order", 2, &[shop.hash()]);
-    let body = [shop.canonical_bytes(), order.canonical_bytes()].concat();
-    // No token, a wrong token: 401, with WWW-Authenticate.
-    for token in [None, Some("nope")] {
-        for (m, p, ct, b) in [
-            ("GET", "/v1/facts", "", &b""[..]),
-            ("POST", "/v1/facts", CBOR, &body[..]),
-            ("GET", "/v1/info", "", &b""[..]),
-            ("GET", "/metrics", "", &b""[..]),
-            ("POST", "/v1/fetch", JSON_CT, &b"{\"hashes\":[]}"[..]),
-        ] {
-            let (status, json) = http(&server, m, p, ct, b, token);
-            assert_eq!(status, 401, "{m} {p}: {json}");
-            assert_eq!(json["error"], "unauthorized");
+conformance_sync! {
+    fn tokens_decide_who_reads_and_writes_and_refusals_store_nothing(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let server = a.serve_with(|c| c.tokens = tokens());
+        let shop = fact("Shop", 1, &[]);
+        let order = fact("Order", 2, &[shop.hash()]);
+        let body = [shop.canonical_bytes(), order.canonical_bytes()].concat();
+        // No token, a wrong token: 401, with WWW-Authenticate.
+        for token in [None, Some("nope")] {
+            for (m, p, ct, b) in [
+                ("GET", "/v1/facts", "", &b""[..]),
+                ("POST", "/v1/facts", CBOR, &body[..]),
+                ("GET", "/v1/info", "", &b""[..]),
+                ("GET", "/metrics", "", &b""[..]),
+                ("POST", "/v1/fetch", JSON_CT, &b"{\"hashes\":[]}"[..]),
+            ] {
+                let (status, json) = http(&server, m, p, ct, b, token);
+                assert_eq!(status, 401, "{m} {p}: {json}");
+                assert_eq!(json["error"], "unauthorized");
+            }
         }
-    }
-    // Health needs no token.
-    assert_eq!(http(&server, "GET", "/v1/health", "", b"", None).0, 200);
-    // A read-only token may pull but not push.
-    assert_eq!(
-        http(&server, "GET", "/v1/facts", "", b"", Some("r-secret")).0,
-        200
-    );
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, Some("r-secret"));
-    assert_eq!((status, json["error"].as_str()), (403, Some("forbidden")));
-    // A write-only token may not pull.
-    let (status, _) = http(&server, "GET", "/v1/facts", "", b"", Some("s-secret"));
-    assert_eq!(status, 403);
-    // A token limited to Shop may not push an Order: 403 and nothing of the batch stored.
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, Some("s-secret"));
-    assert_eq!(
-        (status, json["error"].as_str()),
-        (403, Some("forbidden_type"))
-    );
-    assert_eq!(a.store().max_seq().unwrap(), 0);
-    // ... but may push a Shop.
-    let (status, _) = http(
-        &server,
-        "POST",
-        "/v1/facts",
-        CBOR,
-        shop.canonical_bytes(),
-        Some("s-secret"),
-    );
-    assert_eq!(status, 200);
-    // The client library carries the token.
-    let b = Node::new();
-    b.store().insert(&order).unwrap();
-    let client = Client::new(
-        &server.url(),
-        ClientOptions {
-            token: Some("w-secret".into()),
-            ..ClientOptions::default()
-        },
-    )
-    .unwrap();
-    client
-        .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
+        // Health needs no token.
+        assert_eq!(http(&server, "GET", "/v1/health", "", b"", None).0, 200);
+        // A read-only token may pull but not push.
+        assert_eq!(
+            http(&server, "GET", "/v1/facts", "", b"", Some("r-secret")).0,
+            200
+        );
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, Some("r-secret"));
+        assert_eq!((status, json["error"].as_str()), (403, Some("forbidden")));
+        // A write-only token may not pull.
+        let (status, _) = http(&server, "GET", "/v1/facts", "", b"", Some("s-secret"));
+        assert_eq!(status, 403);
+        // A token limited to Shop may not push an Order: 403 and nothing of the batch stored.
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, Some("s-secret"));
+        assert_eq!(
+            (status, json["error"].as_str()),
+            (403, Some("forbidden_type"))
+        );
+        assert_eq!(a.store().max_seq().unwrap(), 0);
+        // ... but may push a Shop.
+        let (status, _) = http(
+            &server,
+            "POST",
+            "/v1/facts",
+            CBOR,
+            shop.canonical_bytes(),
+            Some("s-secret"),
+        );
+        assert_eq!(status, 200);
+        // The client library carries the token.
+        let b = Node::on(client);
+        b.store().insert(&order).unwrap();
+        let client = Client::new(
+            &server.url(),
+            ClientOptions {
+                token: Some("w-secret".into()),
+                ..ClientOptions::default()
+            },
+        )
         .unwrap();
-    assert_converged(&[&a, &b]);
-    let anonymous = Client::new(&server.url(), ClientOptions::default()).unwrap();
-    let err = anonymous
-        .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
-        .unwrap_err();
-    assert!(matches!(err, Error::Remote { status: 401, .. }), "{err}");
-    assert!(
-        b.store()
-            .peer(&server.url())
-            .unwrap()
-            .unwrap()
-            .last_error
-            .is_some()
-    );
+        client
+            .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert_converged(&[&a, &b]);
+        let anonymous = Client::new(&server.url(), ClientOptions::default()).unwrap();
+        let err = anonymous
+            .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
+            .unwrap_err();
+        assert!(matches!(err, Error::Remote { status: 401, .. }), "{err}");
+        assert!(
+            b.store()
+                .peer(&server.url())
+                .unwrap()
+                .unwrap()
+                .last_error
+                .is_some()
+        );
+    }
 }
 
-#[test]
-fn limits_answer_with_clear_errors_and_store_nothing() {
-    let a = Node::new();
-    let server = a.serve_with(|c| {
-        c.limits = Limits {
-            max_body_bytes: 4096,
-            max_facts_per_request: 10,
-            max_held_per_peer: 3,
-            ..Limits::default()
-        }
-    });
-    // Body over the byte limit.
-    let big: Vec<u8> = chain(400)
-        .iter()
-        .flat_map(|f| f.canonical_bytes().to_vec())
-        .collect();
-    assert!(big.len() > 4096);
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &big, None);
-    assert_eq!(
-        (status, json["error"].as_str()),
-        (413, Some("body_too_large"))
-    );
-    // Too many records.
-    let eleven: Vec<u8> = (0..11)
-        .flat_map(|i| fact("F", i, &[]).canonical_bytes().to_vec())
-        .collect();
-    assert!(eleven.len() <= 4096);
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &eleven, None);
-    assert_eq!(
-        (status, json["error"].as_str()),
-        (413, Some("too_many_facts"))
-    );
-    // Too many held for one peer: the whole push is refused.
-    let orphans: Vec<u8> = (0..4)
-        .flat_map(|i| {
-            fact("Orphan", i, &[FactHash([9; 32])])
-                .canonical_bytes()
-                .to_vec()
-        })
-        .collect();
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &orphans, None);
-    assert_eq!((status, json["error"].as_str()), (429, Some("held_limit")));
-    let three: Vec<u8> = (0..3)
-        .flat_map(|i| {
-            fact("Orphan", i, &[FactHash([9; 32])])
-                .canonical_bytes()
-                .to_vec()
-        })
-        .collect();
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &three, None);
-    assert_eq!(status, 200, "{json}");
-    assert_eq!(json["missing"][0], FactHash([9; 32]).to_string());
-    // Too many hashes in a fetch; a page larger than allowed.
-    let hashes: Vec<String> = (0..11).map(|i| FactHash([i; 32]).to_string()).collect();
-    let req = serde_json::json!({ "hashes": hashes }).to_string();
-    let (status, json) = http(&server, "POST", "/v1/fetch", JSON_CT, req.as_bytes(), None);
-    assert_eq!(
-        (status, json["error"].as_str()),
-        (413, Some("too_many_facts"))
-    );
-    let (status, _) = http(&server, "GET", "/v1/facts?limit=11", "", b"", None);
-    assert_eq!(status, 400);
-    let s = a.store();
-    assert_eq!(s.max_seq().unwrap(), 0);
-    assert_eq!(s.held_count().unwrap(), 3);
-    assert_eq!(s.quarantine_count().unwrap(), 0);
+conformance! {
+    fn limits_answer_with_clear_errors_and_store_nothing(b: Backend) {
+        let a = Node::on(b);
+        let server = a.serve_with(|c| {
+            c.limits = Limits {
+                max_body_bytes: 4096,
+                max_facts_per_request: 10,
+                max_held_per_peer: 3,
+                ..Limits::default()
+            }
+        });
+        // Body over the byte limit.
+        let big: Vec<u8> = chain(400)
+            .iter()
+            .flat_map(|f| f.canonical_bytes().to_vec())
+            .collect();
+        assert!(big.len() > 4096);
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &big, None);
+        assert_eq!(
+            (status, json["error"].as_str()),
+            (413, Some("body_too_large"))
+        );
+        // Too many records.
+        let eleven: Vec<u8> = (0..11)
+            .flat_map(|i| fact("F", i, &[]).canonical_bytes().to_vec())
+            .collect();
+        assert!(eleven.len() <= 4096);
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &eleven, None);
+        assert_eq!(
+            (status, json["error"].as_str()),
+            (413, Some("too_many_facts"))
+        );
+        // Too many held for one peer: the whole push is refused.
+        let orphans: Vec<u8> = (0..4)
+            .flat_map(|i| {
+                fact("Orphan", i, &[FactHash([9; 32])])
+                    .canonical_bytes()
+                    .to_vec()
+            })
+            .collect();
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &orphans, None);
+        assert_eq!((status, json["error"].as_str()), (429, Some("held_limit")));
+        let three: Vec<u8> = (0..3)
+            .flat_map(|i| {
+                fact("Orphan", i, &[FactHash([9; 32])])
+                    .canonical_bytes()
+                    .to_vec()
+            })
+            .collect();
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &three, None);
+        assert_eq!(status, 200, "{json}");
+        assert_eq!(json["missing"][0], FactHash([9; 32]).to_string());
+        // Too many hashes in a fetch; a page larger than allowed.
+        let hashes: Vec<String> = (0..11).map(|i| FactHash([i; 32]).to_string()).collect();
+        let req = serde_json::json!({ "hashes": hashes }).to_string();
+        let (status, json) = http(&server, "POST", "/v1/fetch", JSON_CT, req.as_bytes(), None);
+        assert_eq!(
+            (status, json["error"].as_str()),
+            (413, Some("too_many_facts"))
+        );
+        let (status, _) = http(&server, "GET", "/v1/facts?limit=11", "", b"", None);
+        assert_eq!(status, 400);
+        let s = a.store();
+        assert_eq!(s.max_seq().unwrap(), 0);
+        assert_eq!(s.held_count().unwrap(), 3);
+        assert_eq!(s.quarantine_count().unwrap(), 0);
+    }
 }
 
 #[test]
@@ -679,91 +684,94 @@ fn sync_through_a_proxy_that_cuts_delays_and_duplicates() {
     assert_converged(&[&a, &b]);
 }
 
-#[test]
-fn a_follower_receives_new_facts_without_asking_again() {
-    let a = Node::new();
-    let server = a.serve();
-    let b = Node::new();
-    let stop = Arc::new(AtomicBool::new(false));
-    let url = server.url();
-    let db = b.db.clone();
-    let stop2 = stop.clone();
-    let follower = std::thread::spawn(move || {
-        let store = Store::open(&db).unwrap();
-        let client = Client::new(&url, ClientOptions::default()).unwrap();
-        client
-            .follow(
-                &store,
-                &SyncOptions::default(),
-                Duration::from_secs(2),
-                &stop2,
-                &mut |_| {},
-            )
-            .unwrap();
-    });
-    let f = fact("Live", 1, &[]);
-    a.store().insert(&f).unwrap();
-    let sb = b.store();
-    wait_until(|| sb.get(&f.hash()).unwrap().is_some());
-    // And the other way: a fact written on the follower reaches the server.
-    let g = fact("Back", 2, &[f.hash()]);
-    b.store().insert(&g).unwrap();
-    let sa = a.store();
-    wait_until(|| sa.get(&g.hash()).unwrap().is_some());
-    stop.store(true, Ordering::Relaxed);
-    follower.join().unwrap();
-    assert_converged(&[&a, &b]);
-}
-
-#[test]
-fn info_digest_is_order_independent() {
-    let a = Node::new();
-    let b = Node::new();
-    let facts = chain(20);
-    a.store().insert_batch(facts.clone()).unwrap();
-    let mut rev = facts.clone();
-    rev.reverse();
-    for f in &rev {
-        b.store().insert(f).unwrap();
+conformance_sync! {
+    fn a_follower_receives_new_facts_without_asking_again(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let server = a.serve();
+        let b = Node::on(client);
+        let stop = Arc::new(AtomicBool::new(false));
+        let url = server.url();
+        let db = b.db.clone();
+        let stop2 = stop.clone();
+        let follower = std::thread::spawn(move || {
+            let store = Store::open(&db).unwrap();
+            let client = Client::new(&url, ClientOptions::default()).unwrap();
+            client
+                .follow(
+                    &store,
+                    &SyncOptions::default(),
+                    Duration::from_secs(2),
+                    &stop2,
+                    &mut |_| {},
+                )
+                .unwrap();
+        });
+        let f = fact("Live", 1, &[]);
+        a.store().insert(&f).unwrap();
+        let sb = b.store();
+        wait_until(|| sb.get(&f.hash()).unwrap().is_some());
+        // And the other way: a fact written on the follower reaches the server.
+        let g = fact("Back", 2, &[f.hash()]);
+        b.store().insert(&g).unwrap();
+        let sa = a.store();
+        wait_until(|| sa.get(&g.hash()).unwrap().is_some());
+        stop.store(true, Ordering::Relaxed);
+        follower.join().unwrap();
+        assert_converged(&[&a, &b]);
     }
-    let (sa, sb) = (a.serve(), b.serve());
-    let ia = Client::new(&sa.url(), ClientOptions::default())
-        .unwrap()
-        .info()
-        .unwrap();
-    let ib = Client::new(&sb.url(), ClientOptions::default())
-        .unwrap()
-        .info()
-        .unwrap();
-    assert_eq!((ia.count, &ia.digest), (ib.count, &ib.digest));
-    a.store().insert(&fact("More", 1, &[])).unwrap();
-    let ia2 = Client::new(&sa.url(), ClientOptions::default())
-        .unwrap()
-        .info()
-        .unwrap();
-    assert_eq!(ia2.count, 21);
-    assert_ne!(ia2.digest, ia.digest);
 }
 
-#[test]
-fn a_pull_page_is_exactly_the_release_order_after_the_bookmark() {
-    let a = Node::new();
-    let facts = chain(30);
-    a.store().insert_batch(facts.clone()).unwrap();
-    let server = a.serve();
-    let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
-    let page = client.pull_page(10, 5, Duration::ZERO, &[]).unwrap();
-    assert_eq!((page.through, page.max_seq), (15, 30));
-    let got: Vec<Vec<u8>> = page.records.into_iter().map(|r| r.unwrap()).collect();
-    let want: Vec<Vec<u8>> = facts[10..15]
-        .iter()
-        .map(|f| f.canonical_bytes().to_vec())
-        .collect();
-    assert_eq!(got, want);
-    let empty = client
-        .pull_page(30, 5, Duration::from_millis(100), &[])
-        .unwrap();
-    assert_eq!((empty.through, empty.records.len()), (30, 0));
+conformance_sync! {
+    fn info_digest_is_order_independent(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let b = Node::on(client);
+        let facts = chain(20);
+        a.store().insert_batch(facts.clone()).unwrap();
+        let mut rev = facts.clone();
+        rev.reverse();
+        for f in &rev {
+            b.store().insert(f).unwrap();
+        }
+        let (sa, sb) = (a.serve(), b.serve());
+        let ia = Client::new(&sa.url(), ClientOptions::default())
+            .unwrap()
+            .info()
+            .unwrap();
+        let ib = Client::new(&sb.url(), ClientOptions::default())
+            .unwrap()
+            .info()
+            .unwrap();
+        assert_eq!((ia.count, &ia.digest), (ib.count, &ib.digest));
+        a.store().insert(&fact("More", 1, &[])).unwrap();
+        let ia2 = Client::new(&sa.url(), ClientOptions::default())
+            .unwrap()
+            .info()
+            .unwrap();
+        assert_eq!(ia2.count, 21);
+        assert_ne!(ia2.digest, ia.digest);
+    }
+}
+
+conformance! {
+    fn a_pull_page_is_exactly_the_release_order_after_the_bookmark(b: Backend) {
+        let a = Node::on(b);
+        let facts = chain(30);
+        a.store().insert_batch(facts.clone()).unwrap();
+        let server = a.serve();
+        let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
+        let page = client.pull_page(10, 5, Duration::ZERO, &[]).unwrap();
+        assert_eq!((page.through, page.max_seq), (15, 30));
+        let got: Vec<Vec<u8>> = page.records.into_iter().map(|r| r.unwrap()).collect();
+        let want: Vec<Vec<u8>> = facts[10..15]
+            .iter()
+            .map(|f| f.canonical_bytes().to_vec())
+            .collect();
+        assert_eq!(got, want);
+        let empty = client
+            .pull_page(30, 5, Duration::from_millis(100), &[])
+            .unwrap();
+        assert_eq!((empty.through, empty.records.len()), (30, 0));
+    }
 }
 
 fn wait_until(mut ok: impl FnMut() -> bool) {
@@ -808,6 +816,7 @@ fn find(h: &[u8], n: &[u8]) -> Option<usize> {
     h.windows(n.len()).position(|w| w == n)
 }
 
+/// SQLite only: the lock is SQLite's (another connection's write transaction).
 #[test]
 fn a_locked_database_answers_503_busy_and_stores_nothing() {
     let a = Node::new();
@@ -830,6 +839,7 @@ fn a_locked_database_answers_503_busy_and_stores_nothing() {
     assert_eq!(a.store().max_seq().unwrap(), 1);
 }
 
+/// SQLite only: the row is damaged with SQLite alone.
 #[test]
 fn a_corrupt_row_answers_500_internal_with_a_json_message() {
     let a = Node::new();
