@@ -296,71 +296,73 @@ conformance! {
     }
 }
 
-#[test]
-fn a_short_pull_stream_is_an_error_and_moves_no_bookmark() {
-    let good = fact("Good", 1, &[]);
-    let body = good.canonical_bytes().to_vec();
-    let fake = FakeServer::start(move |_req| {
-        // Announces three records, sends one, then closes cleanly.
-        let mut r =
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/cbor-seq\r\nprecedent-through: 3\r\n\
-             precedent-count: 3\r\nprecedent-max-seq: 3\r\nconnection: close\r\n\r\n"
-                .to_vec();
-        r.extend_from_slice(&body);
-        r
-    });
-    let b = Node::new();
-    let sb = b.store();
-    let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
-    let err = client
-        .sync(&sb, &SyncOptions::default(), &mut |_| {})
-        .unwrap_err();
-    assert!(matches!(err, Error::Transport { .. }), "{err}");
-    let peer = sb.peer(&fake.url()).unwrap().unwrap();
-    assert_eq!(peer.pull_after, 0);
-    assert!(peer.last_error.is_some());
-    assert_eq!(sb.max_seq().unwrap(), 0);
+conformance! {
+    fn a_short_pull_stream_is_an_error_and_moves_no_bookmark(backend: Backend) {
+        let good = fact("Good", 1, &[]);
+        let body = good.canonical_bytes().to_vec();
+        let fake = FakeServer::start(move |_req| {
+            // Announces three records, sends one, then closes cleanly.
+            let mut r =
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/cbor-seq\r\nprecedent-through: 3\r\n\
+                 precedent-count: 3\r\nprecedent-max-seq: 3\r\nconnection: close\r\n\r\n"
+                    .to_vec();
+            r.extend_from_slice(&body);
+            r
+        });
+        let b = Node::on(backend);
+        let sb = b.store();
+        let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
+        let err = client
+            .sync(&sb, &SyncOptions::default(), &mut |_| {})
+            .unwrap_err();
+        assert!(matches!(err, Error::Transport { .. }), "{err}");
+        let peer = sb.peer(&fake.url()).unwrap().unwrap();
+        assert_eq!(peer.pull_after, 0);
+        assert!(peer.last_error.is_some());
+        assert_eq!(sb.max_seq().unwrap(), 0);
+    }
 }
 
-#[test]
-fn a_fetched_fact_that_was_not_asked_for_is_quarantined() {
-    let held = fact("Child", 1, &[FactHash([7; 32])]);
-    let stranger = fact("Stranger", 2, &[]);
-    let bytes = stranger.canonical_bytes().to_vec();
-    let held_bytes = held.canonical_bytes().to_vec();
-    let fake = FakeServer::start(move |req| {
-        let (ctype, body, extra) = if req.starts_with("POST /v1/fetch") {
-            (
-                "application/cbor-seq",
-                bytes.clone(),
-                "precedent-count: 1\r\n",
+conformance! {
+    fn a_fetched_fact_that_was_not_asked_for_is_quarantined(backend: Backend) {
+        let held = fact("Child", 1, &[FactHash([7; 32])]);
+        let stranger = fact("Stranger", 2, &[]);
+        let bytes = stranger.canonical_bytes().to_vec();
+        let held_bytes = held.canonical_bytes().to_vec();
+        let fake = FakeServer::start(move |req| {
+            let (ctype, body, extra) = if req.starts_with("POST /v1/fetch") {
+                (
+                    "application/cbor-seq",
+                    bytes.clone(),
+                    "precedent-count: 1\r\n",
+                )
+            } else {
+                (
+                    "application/cbor-seq",
+                    held_bytes.clone(),
+                    "precedent-through: 1\r\nprecedent-count: 1\r\nprecedent-max-seq: 1\r\n",
+                )
+            };
+            let mut r = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
             )
-        } else {
-            (
-                "application/cbor-seq",
-                held_bytes.clone(),
-                "precedent-through: 1\r\nprecedent-count: 1\r\nprecedent-max-seq: 1\r\n",
-            )
+            .into_bytes();
+            r.extend_from_slice(&body);
+            r
+        });
+        let b = Node::on(backend);
+        let sb = b.store();
+        let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
+        let pull = SyncOptions {
+            direction: Direction::Pull,
+            ..SyncOptions::default()
         };
-        let mut r = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        )
-        .into_bytes();
-        r.extend_from_slice(&body);
-        r
-    });
-    let b = Node::new();
-    let sb = b.store();
-    let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
-    let pull = SyncOptions {
-        direction: Direction::Pull,
-        ..SyncOptions::default()
-    };
-    let r = client.sync(&sb, &pull, &mut |_| {}).unwrap();
-    assert_eq!(r.quarantined, 1, "{r:?}");
-    assert!(sb.lookup(&stranger.hash()).unwrap().is_none());
-    assert_eq!(sb.held_count().unwrap(), 1);
+        let r = client.sync(&sb, &pull, &mut |_| {}).unwrap();
+        assert_eq!(r.quarantined, 1, "{r:?}");
+        assert!(sb.lookup(&stranger.hash()).unwrap().is_none());
+        assert_eq!(sb.held_count().unwrap(), 1);
+    }
 }
 
 conformance_sync! {
@@ -513,175 +515,180 @@ conformance! {
     }
 }
 
-#[test]
-fn every_malformed_request_gets_a_json_error() {
-    let a = Node::new();
-    let server = a.serve();
-    // (method, path, content type, body, status, error code)
-    type Case<'a> = (&'a str, &'a str, &'a str, &'a [u8], u16, &'a str);
-    let cases: &[Case] = &[
-        ("GET", "/v1/facts?after=x", "", b"", 400, "bad_request"),
-        ("GET", "/v1/facts?after=-1", "", b"", 400, "bad_request"),
-        ("GET", "/v1/facts?limit=0", "", b"", 400, "bad_request"),
-        ("GET", "/v1/facts?color=red", "", b"", 400, "bad_request"),
-        ("GET", "/v1/facts?root=abc", "", b"", 400, "bad_request"),
-        (
-            "POST",
-            "/v1/facts",
-            "text/plain",
-            b"x",
-            415,
-            "unsupported_media_type",
-        ),
-        (
-            "POST",
-            "/v1/fetch",
-            CBOR,
-            b"{}",
-            415,
-            "unsupported_media_type",
-        ),
-        (
-            "POST",
-            "/v1/fetch",
-            JSON_CT,
-            b"not json",
-            400,
-            "bad_request",
-        ),
-        (
-            "POST",
-            "/v1/fetch",
-            JSON_CT,
-            br#"{"hashes":["zz"]}"#,
-            400,
-            "bad_request",
-        ),
-        ("GET", "/v2/facts", "", b"", 404, "not_found"),
-        ("DELETE", "/v1/facts", "", b"", 405, "method_not_allowed"),
-    ];
-    for (m, p, ct, body, want, code) in cases {
-        let (status, json) = http(&server, m, p, ct, body, None);
-        assert_eq!(status, *want, "{m} {p}: {json}");
-        assert_eq!(json["error"], *code, "{m} {p}: {json}");
-        assert!(json["message"].as_str().is_some_and(|m| !m.is_empty()));
-    }
-    // An empty push is fine and changes nothing.
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, b"", None);
-    assert_eq!((status, json["received"].as_u64()), (200, Some(0)));
-}
-
-#[test]
-fn a_slow_request_times_out_with_408() {
-    let a = Node::new();
-    let server = a.serve_with(|c| c.limits.request_timeout = Duration::from_millis(300));
-    let mut s = TcpStream::connect(server.addr()).unwrap();
-    // Promise a body and never send it.
-    write!(
-        s,
-        "POST /v1/facts HTTP/1.1\r\nhost: x\r\ncontent-type: application/cbor-seq\r\ncontent-length: 100\r\n\r\n"
-    )
-    .unwrap();
-    let (status, json) = read_response(&mut s);
-    assert_eq!((status, json["error"].as_str()), (408, Some("timeout")));
-}
-
-#[test]
-fn connections_over_the_limit_get_503() {
-    let a = Node::new();
-    let server = a.serve_with(|c| c.limits.max_connections = 2);
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut s = TcpStream::connect(server.addr()).unwrap();
-        // A complete request keeps the connection open (keep-alive) and proves it is served.
-        write!(s, "GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
-        let (status, _) = read_response(&mut s);
-        assert_eq!(status, 200);
-        held.push(s);
-    }
-    let mut extra = TcpStream::connect(server.addr()).unwrap();
-    write!(extra, "GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
-    let (status, json) = read_response(&mut extra);
-    assert_eq!(
-        (status, json["error"].as_str()),
-        (503, Some("too_many_connections"))
-    );
-    drop(held);
-}
-
-#[test]
-fn tls_with_a_self_signed_certificate() {
-    let a = Node::new();
-    a.store().insert_batch(chain(25)).unwrap();
-    let cert =
-        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
-    let cert_pem = cert.cert.pem();
-    let cert_path = a.dir.path().join("cert.pem");
-    let key_path = a.dir.path().join("key.pem");
-    std::fs::write(&cert_path, &cert_pem).unwrap();
-    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
-    let server = a.serve_with(|c| c.tls = Some((cert_path.clone(), key_path.clone())));
-    let url = format!("https://localhost:{}", server.addr().port());
-    let b = Node::new();
-    let trusting = Client::new(
-        &url,
-        ClientOptions {
-            ca_cert_pem: Some(cert_pem.into_bytes()),
-            ..ClientOptions::default()
-        },
-    )
-    .unwrap();
-    trusting
-        .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert_converged(&[&a, &b]);
-    let untrusting = Client::new(&url, ClientOptions::default()).unwrap();
-    let err = untrusting.health().unwrap_err();
-    assert!(matches!(err, Error::Transport { .. }), "{err}");
-    // Plain HTTP to the TLS port does not get an answer it could mistake for facts.
-    let plain = Client::new(&server.url(), ClientOptions::default()).unwrap();
-    assert!(plain.health().is_err());
-}
-
-#[test]
-fn sync_through_a_proxy_that_cuts_delays_and_duplicates() {
-    let a = Node::new();
-    let b = Node::new();
-    let base = chain(40);
-    a.store().insert_batch(base.clone()).unwrap();
-    a.store().insert_batch(tree("A", &base[39], 1500)).unwrap();
-    b.store().insert_batch(base[..10].to_vec()).unwrap();
-    b.store().insert_batch(tree("B", &base[5], 800)).unwrap();
-    let server = a.serve();
-    let proxy = FaultyProxy::start(server.addr(), 0xC0FFEE);
-    let client = Client::new(
-        &format!("http://{}", proxy.addr()),
-        ClientOptions {
-            batch: 97,
-            timeout: Duration::from_secs(10),
-            ..ClientOptions::default()
-        },
-    )
-    .unwrap();
-    let sb = b.store();
-    let mut failures = 0;
-    loop {
-        match client.sync(&sb, &SyncOptions::default(), &mut |_| {}) {
-            Ok(r) if r.held == 0 => break,
-            Ok(_) => {}
-            Err(Error::Transport { .. } | Error::Protocol { .. }) => failures += 1,
-            Err(e) => panic!("unexpected error: {e}"),
+conformance! {
+    fn every_malformed_request_gets_a_json_error(backend: Backend) {
+        let a = Node::on(backend);
+        let server = a.serve();
+        // (method, path, content type, body, status, error code)
+        type Case<'a> = (&'a str, &'a str, &'a str, &'a [u8], u16, &'a str);
+        let cases: &[Case] = &[
+            ("GET", "/v1/facts?after=x", "", b"", 400, "bad_request"),
+            ("GET", "/v1/facts?after=-1", "", b"", 400, "bad_request"),
+            ("GET", "/v1/facts?limit=0", "", b"", 400, "bad_request"),
+            ("GET", "/v1/facts?color=red", "", b"", 400, "bad_request"),
+            ("GET", "/v1/facts?root=abc", "", b"", 400, "bad_request"),
+            (
+                "POST",
+                "/v1/facts",
+                "text/plain",
+                b"x",
+                415,
+                "unsupported_media_type",
+            ),
+            (
+                "POST",
+                "/v1/fetch",
+                CBOR,
+                b"{}",
+                415,
+                "unsupported_media_type",
+            ),
+            (
+                "POST",
+                "/v1/fetch",
+                JSON_CT,
+                b"not json",
+                400,
+                "bad_request",
+            ),
+            (
+                "POST",
+                "/v1/fetch",
+                JSON_CT,
+                br#"{"hashes":["zz"]}"#,
+                400,
+                "bad_request",
+            ),
+            ("GET", "/v2/facts", "", b"", 404, "not_found"),
+            ("DELETE", "/v1/facts", "", b"", 405, "method_not_allowed"),
+        ];
+        for (m, p, ct, body, want, code) in cases {
+            let (status, json) = http(&server, m, p, ct, body, None);
+            assert_eq!(status, *want, "{m} {p}: {json}");
+            assert_eq!(json["error"], *code, "{m} {p}: {json}");
+            assert!(json["message"].as_str().is_some_and(|m| !m.is_empty()));
         }
-        assert!(failures < 500, "the proxy never let a sync finish");
-        // A store that was mid-sync is always consistent.
-        assert_topological(&sb);
+        // An empty push is fine and changes nothing.
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, b"", None);
+        assert_eq!((status, json["received"].as_u64()), (200, Some(0)));
     }
-    assert!(failures > 0, "the proxy injected no fault");
-    // Requests are replayed when their connection closes: close the client's.
-    drop(client);
-    wait_until(|| proxy.duplicated() > 0);
-    drop(sb);
-    assert_converged(&[&a, &b]);
+}
+
+conformance! {
+    fn a_slow_request_times_out_with_408(backend: Backend) {
+        let a = Node::on(backend);
+        let server = a.serve_with(|c| c.limits.request_timeout = Duration::from_millis(300));
+        let mut s = TcpStream::connect(server.addr()).unwrap();
+        // Promise a body and never send it.
+        write!(
+            s,
+            "POST /v1/facts HTTP/1.1\r\nhost: x\r\ncontent-type: application/cbor-seq\r\ncontent-length: 100\r\n\r\n"
+        )
+        .unwrap();
+        let (status, json) = read_response(&mut s);
+        assert_eq!((status, json["error"].as_str()), (408, Some("timeout")));
+    }
+}
+
+conformance! {
+    fn connections_over_the_limit_get_503(backend: Backend) {
+        let a = Node::on(backend);
+        let server = a.serve_with(|c| c.limits.max_connections = 2);
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(server.addr()).unwrap();
+            // A complete request keeps the connection open (keep-alive) and proves it is served.
+            write!(s, "GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+            let (status, _) = read_response(&mut s);
+            assert_eq!(status, 200);
+            held.push(s);
+        }
+        let mut extra = TcpStream::connect(server.addr()).unwrap();
+        write!(extra, "GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        let (status, json) = read_response(&mut extra);
+        assert_eq!(
+            (status, json["error"].as_str()),
+            (503, Some("too_many_connections"))
+        );
+        drop(held);
+    }
+}
+
+conformance_sync! {
+    fn tls_with_a_self_signed_certificate(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        a.store().insert_batch(chain(25)).unwrap();
+        let cert =
+            rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+        let cert_pem = cert.cert.pem();
+        let cert_path = a.dir.path().join("cert.pem");
+        let key_path = a.dir.path().join("key.pem");
+        std::fs::write(&cert_path, &cert_pem).unwrap();
+        std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+        let server = a.serve_with(|c| c.tls = Some((cert_path.clone(), key_path.clone())));
+        let url = format!("https://localhost:{}", server.addr().port());
+        let b = Node::on(client);
+        let trusting = Client::new(
+            &url,
+            ClientOptions {
+                ca_cert_pem: Some(cert_pem.into_bytes()),
+                ..ClientOptions::default()
+            },
+        )
+        .unwrap();
+        trusting
+            .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert_converged(&[&a, &b]);
+        let untrusting = Client::new(&url, ClientOptions::default()).unwrap();
+        let err = untrusting.health().unwrap_err();
+        assert!(matches!(err, Error::Transport { .. }), "{err}");
+        // Plain HTTP to the TLS port does not get an answer it could mistake for facts.
+        let plain = Client::new(&server.url(), ClientOptions::default()).unwrap();
+        assert!(plain.health().is_err());
+    }
+}
+
+conformance_sync! {
+    fn sync_through_a_proxy_that_cuts_delays_and_duplicates(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let b = Node::on(client);
+        let base = chain(40);
+        a.store().insert_batch(base.clone()).unwrap();
+        a.store().insert_batch(tree("A", &base[39], 1500)).unwrap();
+        b.store().insert_batch(base[..10].to_vec()).unwrap();
+        b.store().insert_batch(tree("B", &base[5], 800)).unwrap();
+        let server = a.serve();
+        let proxy = FaultyProxy::start(server.addr(), 0xC0FFEE);
+        let client = Client::new(
+            &format!("http://{}", proxy.addr()),
+            ClientOptions {
+                batch: 97,
+                timeout: Duration::from_secs(10),
+                ..ClientOptions::default()
+            },
+        )
+        .unwrap();
+        let sb = b.store();
+        let mut failures = 0;
+        loop {
+            match client.sync(&sb, &SyncOptions::default(), &mut |_| {}) {
+                Ok(r) if r.held == 0 => break,
+                Ok(_) => {}
+                Err(Error::Transport { .. } | Error::Protocol { .. }) => failures += 1,
+                Err(e) => panic!("unexpected error: {e}"),
+            }
+            assert!(failures < 500, "the proxy never let a sync finish");
+            // A store that was mid-sync is always consistent.
+            assert_topological(&sb);
+        }
+        assert!(failures > 0, "the proxy injected no fault");
+        // Requests are replayed when their connection closes: close the client's.
+        drop(client);
+        wait_until(|| proxy.duplicated() > 0);
+        drop(sb);
+        assert_converged(&[&a, &b]);
+    }
 }
 
 conformance_sync! {
