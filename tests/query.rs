@@ -2,6 +2,8 @@
 //! print exactly the documented output, and its plan must search indexes, never scan;
 //! the documented errors; the builder; typed facts; watch changes delivered one at a time.
 
+mod common;
+
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,10 +12,12 @@ use std::time::{Duration, Instant};
 use precedent::query::{Arity, Change, Cond, FactType, Givens, Op, Projection, Query, Ref, Stop};
 use precedent::{Error, Fact, FactHash, Store};
 use proptest::prelude::*;
+
+use common::backend::Backend;
 use serde::{Deserialize, Serialize};
 
 /// The data docs/queries.md describes; returns the store and the givens `s` and `c`.
-fn documented_store() -> (Store, Givens) {
+fn documented_store(b: Backend) -> (Store, Givens) {
     let mut facts = Vec::new();
     let shop = |name: &str| Fact::builder("Shop").field("name", name).build().unwrap();
     let (corner, market) = (shop("corner"), shop("market"));
@@ -69,7 +73,7 @@ fn documented_store() -> (Store, Givens) {
         .build()
         .unwrap();
     facts.extend([customer.clone(), first, second]);
-    let store = Store::open_in_memory().unwrap();
+    let store = b.store();
     store.insert_batch(facts).unwrap();
     let givens = Givens::from([
         ("s".to_string(), corner.hash()),
@@ -114,40 +118,43 @@ fn givens_for(q: &Query, all: &Givens) -> Givens {
         .collect()
 }
 
-#[test]
-fn every_documented_example_prints_its_documented_output() {
-    let (store, givens) = documented_store();
-    for (text, expected) in documented_examples() {
-        let q = Query::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e}"));
-        let rows = store.query(&q, &givens_for(&q, &givens)).unwrap();
-        let got: Vec<String> = rows.iter().map(|r| r.value.to_json().to_string()).collect();
-        assert_eq!(got.join("\n"), expected, "query:\n{text}");
-    }
-}
-
-/// Running the documented examples again prepares no statement again: compiled
-/// statements (child collections' ones included, which run once per result) stay
-/// prepared in the connection's cache from one run to the next.
-#[test]
-fn queries_run_again_prepare_no_statement_again() {
-    let (store, givens) = documented_store();
-    let run_all = || {
-        for (text, _) in documented_examples() {
-            let q = Query::parse(&text).unwrap();
-            store.query(&q, &givens_for(&q, &givens)).unwrap();
+conformance! {
+    fn every_documented_example_prints_its_documented_output(b: Backend) {
+        let (store, givens) = documented_store(b);
+        for (text, expected) in documented_examples() {
+            let q = Query::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e}"));
+            let rows = store.query(&q, &givens_for(&q, &givens)).unwrap();
+            let got: Vec<String> = rows.iter().map(|r| r.value.to_json().to_string()).collect();
+            assert_eq!(got.join("\n"), expected, "query:\n{text}");
         }
-    };
-    run_all();
-    let before = store.query_reprepares();
-    for _ in 0..3 {
-        run_all();
     }
-    assert_eq!(store.query_reprepares() - before, 0);
 }
 
+conformance! {
+    /// Running the documented examples again prepares no statement again: compiled
+    /// statements (child collections' ones included, which run once per result) stay
+    /// prepared in the connection's cache from one run to the next.
+    fn queries_run_again_prepare_no_statement_again(b: Backend) {
+        let (store, givens) = documented_store(b);
+        let run_all = || {
+            for (text, _) in documented_examples() {
+                let q = Query::parse(&text).unwrap();
+                store.query(&q, &givens_for(&q, &givens)).unwrap();
+            }
+        };
+        run_all();
+        let before = store.query_reprepares();
+        for _ in 0..3 {
+            run_all();
+        }
+        assert_eq!(store.query_reprepares() - before, 0);
+    }
+}
+
+/// SQLite only: the steps of SQLite's query plans (`SCAN`, `(hash=?)`).
 #[test]
 fn every_documented_example_searches_indexes_and_never_scans() {
-    let (store, givens) = documented_store();
+    let (store, givens) = documented_store(Backend::Sqlite);
     for (text, _) in documented_examples() {
         let q = Query::parse(&text).unwrap();
         let plan = store.explain(&q, &givens_for(&q, &givens)).unwrap();
@@ -171,11 +178,12 @@ fn every_documented_example_searches_indexes_and_never_scans() {
 
 /// The plan of a query over the documented data.
 fn plan_of(text: &str) -> Vec<String> {
-    let (store, givens) = documented_store();
+    let (store, givens) = documented_store(Backend::Sqlite);
     let q = Query::parse(text).unwrap();
     store.explain(&q, &givens_for(&q, &givens)).unwrap()
 }
 
+/// SQLite only: SQLite's query plans.
 #[test]
 fn a_step_through_a_role_checks_the_type_in_the_edge() {
     // Toward successors: the shop's orders, then each order's shipments, are ranges of the
@@ -211,107 +219,109 @@ fn a_step_through_a_role_checks_the_type_in_the_edge() {
     );
 }
 
-/// Facts of several types name the same facts through the same roles, so a match's type
-/// must be told apart in every step (in the documented data each role leads to one type).
-#[test]
-fn facts_of_several_types_through_one_role_are_told_apart() {
-    let store = Store::open_in_memory().unwrap();
-    let shop = Fact::builder("Shop")
-        .field("name", "corner")
-        .build()
-        .unwrap();
-    let made = |ty: &str, id: i64, role: &str, to: &Fact| {
-        Fact::builder(ty)
-            .field("id", id)
-            .predecessor(role, to.hash())
+conformance! {
+    /// Facts of several types name the same facts through the same roles, so a match's type
+    /// must be told apart in every step (in the documented data each role leads to one type).
+    fn facts_of_several_types_through_one_role_are_told_apart(b: Backend) {
+        let store = b.store();
+        let shop = Fact::builder("Shop")
+            .field("name", "corner")
             .build()
-            .unwrap()
-    };
-    // Orders and reviews both name the shop as `shop`; shipments and cancellations both
-    // name an order as `order`; notes name a shop or an order as `about`.
-    let (o1, o2, o3) = (
-        made("Order", 1, "shop", &shop),
-        made("Order", 2, "shop", &shop),
-        made("Order", 3, "shop", &shop),
-    );
-    let review = made("Review", 10, "shop", &shop);
-    let shipped = made("Shipment", 20, "order", &o1);
-    let cancelled = made("Cancellation", 30, "order", &o2);
-    let (on_shop, on_order) = (
-        made("Note", 40, "about", &shop),
-        made("Note", 41, "about", &o3),
-    );
-    store
-        .insert_batch(vec![
-            shop.clone(),
-            o1,
-            o2,
-            o3,
-            review,
-            shipped,
-            cancelled,
-            on_shop,
-            on_order,
-        ])
-        .unwrap();
-    let givens = Givens::from([("s".to_string(), shop.hash())]);
-    let run = |text: &str| -> Vec<String> {
-        let q = Query::parse(text).unwrap_or_else(|e| panic!("{text}\n{e}"));
-        let g = givens_for(&q, &givens);
-        let plan = store.explain(&q, &g).unwrap();
-        assert!(!plan.iter().any(|s| s.starts_with("SCAN")), "{plan:#?}");
+            .unwrap();
+        let made = |ty: &str, id: i64, role: &str, to: &Fact| {
+            Fact::builder(ty)
+                .field("id", id)
+                .predecessor(role, to.hash())
+                .build()
+                .unwrap()
+        };
+        // Orders and reviews both name the shop as `shop`; shipments and cancellations both
+        // name an order as `order`; notes name a shop or an order as `about`.
+        let (o1, o2, o3) = (
+            made("Order", 1, "shop", &shop),
+            made("Order", 2, "shop", &shop),
+            made("Order", 3, "shop", &shop),
+        );
+        let review = made("Review", 10, "shop", &shop);
+        let shipped = made("Shipment", 20, "order", &o1);
+        let cancelled = made("Cancellation", 30, "order", &o2);
+        let (on_shop, on_order) = (
+            made("Note", 40, "about", &shop),
+            made("Note", 41, "about", &o3),
+        );
         store
-            .query(&q, &g)
-            .unwrap()
-            .iter()
-            .map(|r| r.value.to_json().to_string())
-            .collect()
-    };
-    let ids = |v: &[i64]| v.iter().map(|i| i.to_string()).collect::<Vec<_>>();
-    // Toward successors, at the end of a one-step and a two-step path.
-    assert_eq!(
-        run("given s: Shop match o: Order where o->shop = s select o.id"),
-        ids(&[1, 2, 3])
-    );
-    assert_eq!(
-        run("given s: Shop match r: Review where r->shop = s select r.id"),
-        ids(&[10])
-    );
-    assert_eq!(
-        run("given s: Shop match x: Shipment where x->order->shop = s select x.id"),
-        ids(&[20])
-    );
-    // Inside `not exists`, where no fact row is read: a cancellation is not a shipment.
-    assert_eq!(
-        run("given s: Shop match o: Order where o->shop = s
-               and not exists (match x: Shipment where x->order = o) select o.id"),
-        ids(&[2, 3])
-    );
-    assert_eq!(
-        run("given s: Shop match o: Order where o->shop = s
-               and exists (match x: Cancellation where x->order = o) select o.id"),
-        ids(&[2])
-    );
-    // Toward predecessors: a note about an order is not about a shop.
-    assert_eq!(
-        run("match n: Note match p: Shop where n->about = p select n.id"),
-        ids(&[40])
-    );
-    assert_eq!(
-        run("match n: Note where exists (match p: Order where n->about = p) select n.id"),
-        ids(&[41])
-    );
-    // A join with no role on either side checks the type on the fact itself.
-    assert_eq!(
-        run("given s: Shop match p: Shop where p = s select p.name"),
-        vec!["\"corner\"".to_string()]
-    );
-    assert!(run("given s: Shop match p: Order where p = s select p.id").is_empty());
+            .insert_batch(vec![
+                shop.clone(),
+                o1,
+                o2,
+                o3,
+                review,
+                shipped,
+                cancelled,
+                on_shop,
+                on_order,
+            ])
+            .unwrap();
+        let givens = Givens::from([("s".to_string(), shop.hash())]);
+        let run = |text: &str| -> Vec<String> {
+            let q = Query::parse(text).unwrap_or_else(|e| panic!("{text}\n{e}"));
+            let g = givens_for(&q, &givens);
+            let plan = store.explain(&q, &g).unwrap();
+            assert!(!plan.iter().any(|s| s.starts_with("SCAN")), "{plan:#?}");
+            store
+                .query(&q, &g)
+                .unwrap()
+                .iter()
+                .map(|r| r.value.to_json().to_string())
+                .collect()
+        };
+        let ids = |v: &[i64]| v.iter().map(|i| i.to_string()).collect::<Vec<_>>();
+        // Toward successors, at the end of a one-step and a two-step path.
+        assert_eq!(
+            run("given s: Shop match o: Order where o->shop = s select o.id"),
+            ids(&[1, 2, 3])
+        );
+        assert_eq!(
+            run("given s: Shop match r: Review where r->shop = s select r.id"),
+            ids(&[10])
+        );
+        assert_eq!(
+            run("given s: Shop match x: Shipment where x->order->shop = s select x.id"),
+            ids(&[20])
+        );
+        // Inside `not exists`, where no fact row is read: a cancellation is not a shipment.
+        assert_eq!(
+            run("given s: Shop match o: Order where o->shop = s
+                   and not exists (match x: Shipment where x->order = o) select o.id"),
+            ids(&[2, 3])
+        );
+        assert_eq!(
+            run("given s: Shop match o: Order where o->shop = s
+                   and exists (match x: Cancellation where x->order = o) select o.id"),
+            ids(&[2])
+        );
+        // Toward predecessors: a note about an order is not about a shop.
+        assert_eq!(
+            run("match n: Note match p: Shop where n->about = p select n.id"),
+            ids(&[40])
+        );
+        assert_eq!(
+            run("match n: Note where exists (match p: Order where n->about = p) select n.id"),
+            ids(&[41])
+        );
+        // A join with no role on either side checks the type on the fact itself.
+        assert_eq!(
+            run("given s: Shop match p: Shop where p = s select p.name"),
+            vec!["\"corner\"".to_string()]
+        );
+        assert!(run("given s: Shop match p: Order where p = s select p.id").is_empty());
+    }
 }
 
+/// SQLite only: the steps of SQLite's query plans (`SCAN`, `(hash=?)`).
 #[test]
 fn every_statement_a_watch_runs_searches_indexes() {
-    let (store, givens) = documented_store();
+    let (store, givens) = documented_store(Backend::Sqlite);
     for (text, _) in documented_examples() {
         let q = Query::parse(&text).unwrap();
         let watch = store.watch(&q, &givens_for(&q, &givens)).unwrap();
@@ -432,74 +442,77 @@ fn nesting_is_bounded_with_a_positioned_error() {
     assert!(Query::parse(&ok).is_ok());
 }
 
-#[test]
-fn the_builder_makes_the_same_query_as_the_text() {
-    let (store, givens) = documented_store();
-    let built = Query::builder()
-        .given("s", "Shop")
-        .matching(
-            "o",
-            "Shop.Order",
-            [
-                Cond::join("o", &["shop"], "s", &[]),
-                Cond::not_exists([(
-                    "sh",
-                    "Shop.Shipment",
-                    vec![Cond::join("sh", &["order"], "o", &[])],
-                )]),
-                Cond::field("o", "total", Op::Ge, 1),
-            ],
+conformance! {
+    fn the_builder_makes_the_same_query_as_the_text(b: Backend) {
+        let (store, givens) = documented_store(b);
+        let built = Query::builder()
+            .given("s", "Shop")
+            .matching(
+                "o",
+                "Shop.Order",
+                [
+                    Cond::join("o", &["shop"], "s", &[]),
+                    Cond::not_exists([(
+                        "sh",
+                        "Shop.Shipment",
+                        vec![Cond::join("sh", &["order"], "o", &[])],
+                    )]),
+                    Cond::field("o", "total", Op::Ge, 1),
+                ],
+            )
+            .order_by_field("o", "id", true)
+            .select(Projection::Field("o".into(), "id".into()))
+            .unwrap();
+        let text = Query::parse(
+            "given s: Shop match o: Shop.Order where o->shop = s
+               and not exists (match sh: Shop.Shipment where sh->order = o) and o.total >= 1
+             order by o.id desc select o.id",
         )
-        .order_by_field("o", "id", true)
-        .select(Projection::Field("o".into(), "id".into()))
         .unwrap();
-    let text = Query::parse(
-        "given s: Shop match o: Shop.Order where o->shop = s
-           and not exists (match sh: Shop.Shipment where sh->order = o) and o.total >= 1
-         order by o.id desc select o.id",
-    )
-    .unwrap();
-    let g = givens_for(&built, &givens);
-    assert_eq!(
-        store.query(&built, &g).unwrap(),
-        store.query(&text, &g).unwrap()
-    );
-    assert_eq!(store.query(&built, &g).unwrap().len(), 2);
-    let disconnected = Query::builder()
-        .given("s", "Shop")
-        .matching("o", "Shop.Order", [])
-        .select(Projection::Fact("o".into()));
-    assert!(disconnected.unwrap_err().message.contains("not joined"));
+        let g = givens_for(&built, &givens);
+        assert_eq!(
+            store.query(&built, &g).unwrap(),
+            store.query(&text, &g).unwrap()
+        );
+        assert_eq!(store.query(&built, &g).unwrap().len(), 2);
+        let disconnected = Query::builder()
+            .given("s", "Shop")
+            .matching("o", "Shop.Order", [])
+            .select(Projection::Fact("o".into()));
+        assert!(disconnected.unwrap_err().message.contains("not joined"));
+    }
 }
 
-#[test]
-fn a_query_of_givens_alone_selects_them() {
-    let (store, givens) = documented_store();
-    let q = Query::parse("given s: Shop select {name: s.name, hash: hash(s)}").unwrap();
-    let rows = store.query(&q, &givens_for(&q, &givens)).unwrap();
-    assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].value.to_json()["name"], "corner");
-    let empty = Query::builder()
-        .given("s", "Shop")
-        .matching("o", "Shop.Order", [Cond::exists([])])
-        .select(Projection::Fact("o".into()));
-    assert!(empty.unwrap_err().message.contains("at least one match"));
+conformance! {
+    fn a_query_of_givens_alone_selects_them(b: Backend) {
+        let (store, givens) = documented_store(b);
+        let q = Query::parse("given s: Shop select {name: s.name, hash: hash(s)}").unwrap();
+        let rows = store.query(&q, &givens_for(&q, &givens)).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].value.to_json()["name"], "corner");
+        let empty = Query::builder()
+            .given("s", "Shop")
+            .matching("o", "Shop.Order", [Cond::exists([])])
+            .select(Projection::Fact("o".into()));
+        assert!(empty.unwrap_err().message.contains("at least one match"));
+    }
 }
 
-#[test]
-fn an_unbound_given_and_an_unknown_type_are_handled() {
-    let (store, givens) = documented_store();
-    let q = Query::parse("given s: Shop match o: Nothing where o->shop = s select o").unwrap();
-    assert!(
-        store
-            .query(&q, &givens_for(&q, &givens))
-            .unwrap()
-            .is_empty()
-    );
-    let err = store.query(&q, &Givens::new()).unwrap_err();
-    assert!(err.to_string().contains("given s is not bound"), "{err}");
-    let absent = Givens::from([("s".to_string(), FactHash([7; 32]))]);
-    assert!(store.query(&q, &absent).unwrap().is_empty());
+conformance! {
+    fn an_unbound_given_and_an_unknown_type_are_handled(b: Backend) {
+        let (store, givens) = documented_store(b);
+        let q = Query::parse("given s: Shop match o: Nothing where o->shop = s select o").unwrap();
+        assert!(
+            store
+                .query(&q, &givens_for(&q, &givens))
+                .unwrap()
+                .is_empty()
+        );
+        let err = store.query(&q, &Givens::new()).unwrap_err();
+        assert!(err.to_string().contains("given s is not bound"), "{err}");
+        let absent = Givens::from([("s".to_string(), FactHash([7; 32]))]);
+        assert!(store.query(&q, &absent).unwrap().is_empty());
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -530,37 +543,38 @@ impl FactType for Order {
     ];
 }
 
-#[test]
-fn typed_facts_save_load_and_query() {
-    let store = Store::open_in_memory().unwrap();
-    let shop = store
-        .save(&Shop {
-            name: "corner".into(),
-        })
-        .unwrap();
-    let order = Order {
-        shop,
-        id: 7,
-        total: 2.0,
-        note: None,
-        tags: vec!["gift".into()],
-        replaces: None,
-        bundles: vec![],
-    };
-    let r = store.save(&order).unwrap();
-    assert_eq!(store.load(r).unwrap(), order);
-    // The stored fact is what the JSON form would give: 2.0 a float, id an integer.
-    let fact = store.get(&r.hash()).unwrap().unwrap();
-    assert_eq!(fact.field("total"), Some(&precedent::Value::Float(2.0)));
-    assert_eq!(fact.field("id"), Some(&precedent::Value::Integer(7)));
-    assert_eq!(fact.predecessors()["shop"].len(), 1);
-    let q = Query::parse("given s: Shop match o: Shop.Order where o->shop = s select o").unwrap();
-    let rows: Vec<(Ref<Order>, Order)> = store
-        .query_as(&q, &Givens::from([("s".to_string(), shop.hash())]))
-        .unwrap();
-    assert_eq!(rows, vec![(r, order)]);
-    let wrong = store.load(Ref::<Shop>::new(r.hash())).unwrap_err();
-    assert!(matches!(wrong, Error::WrongType { .. }), "{wrong}");
+conformance! {
+    fn typed_facts_save_load_and_query(b: Backend) {
+        let store = b.store();
+        let shop = store
+            .save(&Shop {
+                name: "corner".into(),
+            })
+            .unwrap();
+        let order = Order {
+            shop,
+            id: 7,
+            total: 2.0,
+            note: None,
+            tags: vec!["gift".into()],
+            replaces: None,
+            bundles: vec![],
+        };
+        let r = store.save(&order).unwrap();
+        assert_eq!(store.load(r).unwrap(), order);
+        // The stored fact is what the JSON form would give: 2.0 a float, id an integer.
+        let fact = store.get(&r.hash()).unwrap().unwrap();
+        assert_eq!(fact.field("total"), Some(&precedent::Value::Float(2.0)));
+        assert_eq!(fact.field("id"), Some(&precedent::Value::Integer(7)));
+        assert_eq!(fact.predecessors()["shop"].len(), 1);
+        let q = Query::parse("given s: Shop match o: Shop.Order where o->shop = s select o").unwrap();
+        let rows: Vec<(Ref<Order>, Order)> = store
+            .query_as(&q, &Givens::from([("s".to_string(), shop.hash())]))
+            .unwrap();
+        assert_eq!(rows, vec![(r, order)]);
+        let wrong = store.load(Ref::<Shop>::new(r.hash())).unwrap_err();
+        assert!(matches!(wrong, Error::WrongType { .. }), "{wrong}");
+    }
 }
 
 fn order_strategy() -> impl Strategy<Value = (String, Order)> {
@@ -598,131 +612,134 @@ fn order_strategy() -> impl Strategy<Value = (String, Order)> {
         })
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
-
+conformance! {
     /// A typed fact survives save and load exactly, and its hash is its content's.
-    #[test]
-    fn typed_facts_round_trip((_name, order) in order_strategy()) {
-        let fact = precedent::query::typed::to_fact(&order).unwrap();
-        let back: Order = precedent::query::typed::from_fact(&fact).unwrap();
-        prop_assert_eq!(&back, &order);
-        let again = Fact::from_canonical(fact.canonical_bytes()).unwrap();
-        let back: Order = precedent::query::typed::from_fact(&again).unwrap();
-        prop_assert_eq!(&back, &order);
-        let store = Store::open_in_memory().unwrap();
-        let mut shops = vec![Shop { name: _name.clone() }, Shop { name: "old".into() }];
-        let _ = &mut shops;
-        for s in &shops {
-            store.save(s).unwrap();
-        }
-        let r = store.save(&order).unwrap();
-        prop_assert_eq!(r.hash(), fact.hash());
-        if store.get(&r.hash()).unwrap().is_some() {
-            prop_assert_eq!(store.load(r).unwrap(), order);
-        }
+    /// The cases share one database, emptied before each.
+    fn typed_facts_round_trip(b: Backend) {
+        let db = b.db();
+        proptest!(ProptestConfig::with_cases(200), |((_name, order) in order_strategy())| {
+            let fact = precedent::query::typed::to_fact(&order).unwrap();
+            let back: Order = precedent::query::typed::from_fact(&fact).unwrap();
+            prop_assert_eq!(&back, &order);
+            let again = Fact::from_canonical(fact.canonical_bytes()).unwrap();
+            let back: Order = precedent::query::typed::from_fact(&again).unwrap();
+            prop_assert_eq!(&back, &order);
+            db.reset();
+            let store = db.store();
+            let mut shops = vec![Shop { name: _name.clone() }, Shop { name: "old".into() }];
+            let _ = &mut shops;
+            for s in &shops {
+                store.save(s).unwrap();
+            }
+            let r = store.save(&order).unwrap();
+            prop_assert_eq!(r.hash(), fact.hash());
+            if store.get(&r.hash()).unwrap().is_some() {
+                prop_assert_eq!(store.load(r).unwrap(), order);
+            }
+        });
     }
 }
 
-/// Queries built in Rust are held to the parser's nesting bound (64 levels of `exists`,
-/// records and collections): the builder refuses a deeper one with a clear message, and so
-/// does every compilation of a query whose fields were filled in directly, before anything
-/// recurses through it.
-#[test]
-fn built_queries_are_bounded_in_depth() {
-    let exists = |n: usize| {
-        let mut c = Cond::field("s", "name", Op::Eq, "x");
-        for k in (1..=n).rev() {
-            let o = format!("o{k}");
-            c = Cond::exists([(
-                o.as_str(),
-                "Shop.Order",
-                vec![Cond::join(&o, &["shop"], "s", &[]), c],
-            )]);
-        }
-        c
-    };
-    let record = |n: usize| {
-        let mut p = Projection::Hash("s".into());
-        for _ in 0..n {
-            p = Projection::Record(vec![("a".into(), p)]);
-        }
-        p
-    };
-    let collection = |n: usize| {
-        let mut p = Projection::Hash("s".into());
-        for k in (1..=n).rev() {
-            let o = format!("c{k}");
-            // A type without facts: 4 orders at each of 64 levels would be 4^64 rows.
-            p = Projection::Collection(Box::new(precedent::query::SubQuery {
-                matches: vec![precedent::query::Match {
-                    label: o.as_str().into(),
-                    type_name: "Shop.Refund".into(),
-                    conditions: vec![Cond::join(&o, &["shop"], "s", &[])],
-                }],
-                order: Vec::new(),
-                limit: None,
-                select: p,
-            }));
-        }
-        p
-    };
-    let build = |conds: Vec<precedent::query::Condition>, select: Projection| {
-        Query::builder().matching("s", "Shop", conds).select(select)
-    };
-    let flat = || Projection::Hash("s".into());
-    let (store, _) = documented_store();
-    let message = "nesting deeper than 64 levels of exists, records and collections";
-    for depth in [64, 65, 1_000] {
-        let attempts = [
-            build(vec![exists(depth)], flat()),
-            build(vec![], record(depth)),
-            build(vec![], collection(depth)),
-        ];
-        for built in attempts {
-            match built {
-                Ok(q) => {
-                    assert_eq!(depth, 64);
-                    // (64 nested exists exceed SQLite's own expression depth, an error of
-                    // its own; records and collections run.)
-                    let ran = store.query(&q, &Givens::new());
-                    assert!(!matches!(&ran, Err(Error::Query(_))), "{ran:?}");
-                }
-                Err(e) => {
-                    assert!(depth > 64, "{e}");
-                    assert_eq!(e.to_string(), format!("query: {message}"));
+conformance! {
+    /// Queries built in Rust are held to the parser's nesting bound (64 levels of `exists`,
+    /// records and collections): the builder refuses a deeper one with a clear message, and so
+    /// does every compilation of a query whose fields were filled in directly, before anything
+    /// recurses through it.
+    fn built_queries_are_bounded_in_depth(b: Backend) {
+        let exists = |n: usize| {
+            let mut c = Cond::field("s", "name", Op::Eq, "x");
+            for k in (1..=n).rev() {
+                let o = format!("o{k}");
+                c = Cond::exists([(
+                    o.as_str(),
+                    "Shop.Order",
+                    vec![Cond::join(&o, &["shop"], "s", &[]), c],
+                )]);
+            }
+            c
+        };
+        let record = |n: usize| {
+            let mut p = Projection::Hash("s".into());
+            for _ in 0..n {
+                p = Projection::Record(vec![("a".into(), p)]);
+            }
+            p
+        };
+        let collection = |n: usize| {
+            let mut p = Projection::Hash("s".into());
+            for k in (1..=n).rev() {
+                let o = format!("c{k}");
+                // A type without facts: 4 orders at each of 64 levels would be 4^64 rows.
+                p = Projection::Collection(Box::new(precedent::query::SubQuery {
+                    matches: vec![precedent::query::Match {
+                        label: o.as_str().into(),
+                        type_name: "Shop.Refund".into(),
+                        conditions: vec![Cond::join(&o, &["shop"], "s", &[])],
+                    }],
+                    order: Vec::new(),
+                    limit: None,
+                    select: p,
+                }));
+            }
+            p
+        };
+        let build = |conds: Vec<precedent::query::Condition>, select: Projection| {
+            Query::builder().matching("s", "Shop", conds).select(select)
+        };
+        let flat = || Projection::Hash("s".into());
+        let (store, _) = documented_store(b);
+        let message = "nesting deeper than 64 levels of exists, records and collections";
+        for depth in [64, 65, 1_000] {
+            let attempts = [
+                build(vec![exists(depth)], flat()),
+                build(vec![], record(depth)),
+                build(vec![], collection(depth)),
+            ];
+            for built in attempts {
+                match built {
+                    Ok(q) => {
+                        assert_eq!(depth, 64);
+                        // (64 nested exists exceed SQLite's own expression depth, an error of
+                        // its own; records and collections run.)
+                        let ran = store.query(&q, &Givens::new());
+                        assert!(!matches!(&ran, Err(Error::Query(_))), "{ran:?}");
+                    }
+                    Err(e) => {
+                        assert!(depth > 64, "{e}");
+                        assert_eq!(e.to_string(), format!("query: {message}"));
+                    }
                 }
             }
-        }
-        // The same queries with their fields filled in directly, never checked.
-        let direct = [
-            (vec![exists(depth)], flat()),
-            (vec![], record(depth)),
-            (vec![], collection(depth)),
-        ];
-        for (conds, select) in direct {
-            let q = Query {
-                givens: Vec::new(),
-                matches: vec![precedent::query::Match {
-                    label: "s".into(),
-                    type_name: "Shop".into(),
-                    conditions: conds,
-                }],
-                order: Vec::new(),
-                limit: None,
-                select,
-            };
-            let ran = store.query(&q, &Givens::new());
-            let watched = store.watch(&q, &Givens::new()).map(|_| ());
-            if depth == 64 {
-                assert!(!matches!(&ran, Err(Error::Query(_))), "{ran:?}");
-                assert!(!matches!(&watched, Err(Error::Query(_))), "{watched:?}");
-            } else {
-                for got in [ran.map(|_| ()), watched] {
-                    assert!(
-                        matches!(&got, Err(Error::Query(e)) if e.message == message),
-                        "{got:?}"
-                    );
+            // The same queries with their fields filled in directly, never checked.
+            let direct = [
+                (vec![exists(depth)], flat()),
+                (vec![], record(depth)),
+                (vec![], collection(depth)),
+            ];
+            for (conds, select) in direct {
+                let q = Query {
+                    givens: Vec::new(),
+                    matches: vec![precedent::query::Match {
+                        label: "s".into(),
+                        type_name: "Shop".into(),
+                        conditions: conds,
+                    }],
+                    order: Vec::new(),
+                    limit: None,
+                    select,
+                };
+                let ran = store.query(&q, &Givens::new());
+                let watched = store.watch(&q, &Givens::new()).map(|_| ());
+                if depth == 64 {
+                    assert!(!matches!(&ran, Err(Error::Query(_))), "{ran:?}");
+                    assert!(!matches!(&watched, Err(Error::Query(_))), "{watched:?}");
+                } else {
+                    for got in [ran.map(|_| ()), watched] {
+                        assert!(
+                            matches!(&got, Err(Error::Query(e)) if e.message == message),
+                            "{got:?}"
+                        );
+                    }
                 }
             }
         }
@@ -763,68 +780,71 @@ fn added_ids(changes: impl IntoIterator<Item = precedent::Result<Change>>) -> Ve
         .collect()
 }
 
-#[test]
-fn watch_changes_end_at_their_deadline_with_what_came_before() {
-    let mut store = Store::open_in_memory().unwrap();
-    let (shop, mut watch) = pending_watch(&mut store);
-    store.insert(&order_of(&shop, 1)).unwrap();
-    store.insert(&order_of(&shop, 2)).unwrap();
-    let started = Instant::now();
-    let ids = added_ids(watch.changes(&store, Stop::after(Duration::from_millis(150))));
-    assert_eq!(ids, [1, 2]);
-    let waited = started.elapsed();
-    assert!(waited >= Duration::from_millis(150), "{waited:?}");
-    assert!(waited < Duration::from_secs(5), "{waited:?}");
-    // Nothing came after: the next delivery polls once and ends.
-    assert!(added_ids(watch.changes(&store, Stop::after(Duration::ZERO))).is_empty());
+conformance! {
+    fn watch_changes_end_at_their_deadline_with_what_came_before(b: Backend) {
+        let mut store = b.store();
+        let (shop, mut watch) = pending_watch(&mut store);
+        store.insert(&order_of(&shop, 1)).unwrap();
+        store.insert(&order_of(&shop, 2)).unwrap();
+        let started = Instant::now();
+        let ids = added_ids(watch.changes(&store, Stop::after(Duration::from_millis(150))));
+        assert_eq!(ids, [1, 2]);
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(150), "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        // Nothing came after: the next delivery polls once and ends.
+        assert!(added_ids(watch.changes(&store, Stop::after(Duration::ZERO))).is_empty());
+    }
 }
 
-#[test]
-fn watch_changes_bring_facts_of_another_connection_until_a_flag_stops_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("shop.db");
-    let mut store = Store::open(&path).unwrap();
-    let (shop, mut watch) = pending_watch(&mut store);
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (stop, path, shop) = (stop.clone(), path.clone(), shop.clone());
-        std::thread::spawn(move || {
-            let other = Store::open(&path).unwrap();
-            for id in 1..=3 {
-                std::thread::sleep(Duration::from_millis(20));
-                other.insert(&order_of(&shop, id)).unwrap();
-            }
-            // The last order is committed before the flag is set: it must be delivered.
-            stop.store(true, Ordering::Release);
-        })
-    };
-    let ids = added_ids(watch.changes(&store, Stop::when(stop)));
-    writer.join().unwrap();
-    assert_eq!(ids, [1, 2, 3]);
+conformance! {
+    fn watch_changes_bring_facts_of_another_connection_until_a_flag_stops_them(b: Backend) {
+        let db = b.db();
+        let path = db.location.clone();
+        let mut store = db.store();
+        let (shop, mut watch) = pending_watch(&mut store);
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (stop, path, shop) = (stop.clone(), path.clone(), shop.clone());
+            std::thread::spawn(move || {
+                let other = Store::open(&path).unwrap();
+                for id in 1..=3 {
+                    std::thread::sleep(Duration::from_millis(20));
+                    other.insert(&order_of(&shop, id)).unwrap();
+                }
+                // The last order is committed before the flag is set: it must be delivered.
+                stop.store(true, Ordering::Release);
+            })
+        };
+        let ids = added_ids(watch.changes(&store, Stop::when(stop)));
+        writer.join().unwrap();
+        assert_eq!(ids, [1, 2, 3]);
+    }
 }
 
-#[test]
-fn a_delivery_callback_ends_when_it_breaks() {
-    let mut store = Store::open_in_memory().unwrap();
-    let (shop, mut watch) = pending_watch(&mut store);
-    store.insert(&order_of(&shop, 1)).unwrap();
-    let mut seen = Vec::new();
-    watch
-        .deliver(&store, Stop::never(), |change| {
-            seen.push(change);
-            ControlFlow::Break(())
-        })
-        .unwrap();
-    assert_eq!(added_ids(seen.into_iter().map(Ok)), [1]);
-    store.insert(&order_of(&shop, 2)).unwrap();
-    store.insert(&order_of(&shop, 3)).unwrap();
-    let mut calls = 0;
-    watch
-        .deliver(&store, Stop::after(Duration::from_millis(100)), |_| {
-            calls += 1;
-            ControlFlow::Continue(())
-        })
-        .unwrap();
-    assert_eq!(calls, 2);
-    assert_eq!(watch.results().len(), 3);
+conformance! {
+    fn a_delivery_callback_ends_when_it_breaks(b: Backend) {
+        let mut store = b.store();
+        let (shop, mut watch) = pending_watch(&mut store);
+        store.insert(&order_of(&shop, 1)).unwrap();
+        let mut seen = Vec::new();
+        watch
+            .deliver(&store, Stop::never(), |change| {
+                seen.push(change);
+                ControlFlow::Break(())
+            })
+            .unwrap();
+        assert_eq!(added_ids(seen.into_iter().map(Ok)), [1]);
+        store.insert(&order_of(&shop, 2)).unwrap();
+        store.insert(&order_of(&shop, 3)).unwrap();
+        let mut calls = 0;
+        watch
+            .deliver(&store, Stop::after(Duration::from_millis(100)), |_| {
+                calls += 1;
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+        assert_eq!(calls, 2);
+        assert_eq!(watch.results().len(), 3);
+    }
 }

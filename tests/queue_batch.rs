@@ -4,12 +4,16 @@
 //! The batch runs its handlers in one savepoint and replays lease by lease after a
 //! failure, so handlers may run twice; this checks that nothing shows it in the database.
 
+mod common;
+
 use std::collections::HashMap;
 
 use precedent::queue::{Completion, Failure, QueueSpec};
 use precedent::store::SqlExt;
 use precedent::{Error, Fact, FactHash, Store, args};
 use proptest::prelude::*;
+
+use common::backend::{TestDb, blob_type};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Handler {
@@ -73,8 +77,9 @@ fn expected(plan: &[Handler]) -> Vec<Expected> {
 }
 
 /// A store with queue `ship` of `Order`s (completed by a `Shipped`) and `n` orders in it.
-fn orders_queued(n: usize) -> Store {
-    let store = Store::open_in_memory().unwrap();
+fn orders_queued(db: &TestDb, n: usize) -> Store {
+    db.reset();
+    let store = db.store();
     let done = Completion {
         type_name: "Shipped".into(),
         role: "order".into(),
@@ -89,10 +94,15 @@ fn orders_queued(n: usize) -> Store {
     store
 }
 
-fn run(plan: &[Handler]) -> Result<Vec<u32>, TestCaseError> {
-    let store = orders_queued(plan.len());
+/// Runs `plan` on a fresh store in `db` (emptied first).
+fn run(db: &TestDb, plan: &[Handler]) -> Result<Vec<u32>, TestCaseError> {
+    let store = orders_queued(db, plan.len());
+    let blob = blob_type(&store);
     store
-        .write(|w| w.sql().batch("CREATE TABLE effect (input BLOB NOT NULL)"))
+        .write(|w| {
+            w.sql()
+                .batch(&format!("CREATE TABLE effect (input {blob} NOT NULL)"))
+        })
         .unwrap();
     let leases = store.claim("ship", plan.len()).unwrap();
     prop_assert_eq!(leases.len(), plan.len());
@@ -213,69 +223,74 @@ fn run(plan: &[Handler]) -> Result<Vec<u32>, TestCaseError> {
     Ok(calls)
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
-    #[test]
-    fn every_lease_of_a_batch_ends_as_if_completed_alone(
-        plan in prop::collection::vec(handler(), 1..14)
-    ) {
-        run(&plan)?;
+conformance! {
+    /// The cases share one database, emptied before each.
+    fn every_lease_of_a_batch_ends_as_if_completed_alone(b: Backend) {
+        let db = b.db();
+        proptest!(ProptestConfig::with_cases(96), |(plan in prop::collection::vec(handler(), 1..14))| {
+            run(&db, &plan)?;
+        });
     }
 }
 
-#[test]
-fn a_failure_replays_only_the_leases_before_it() {
-    use Handler::*;
-    let plan = [
-        Completes, Completes, Fails, Completes, Completes, Forgets, Completes,
-    ];
-    // Each failure rolls back the pass it ends and runs again, one by one, the leases
-    // of that pass before it; the failing handler is not called again.
-    assert_eq!(run(&plan).unwrap(), vec![2, 2, 1, 2, 2, 1, 1]);
+conformance! {
+    fn a_failure_replays_only_the_leases_before_it(b: Backend) {
+        use Handler::*;
+        let plan = [
+            Completes, Completes, Fails, Completes, Completes, Forgets, Completes,
+        ];
+        // Each failure rolls back the pass it ends and runs again, one by one, the leases
+        // of that pass before it; the failing handler is not called again.
+        assert_eq!(run(&b.db(), &plan).unwrap(), vec![2, 2, 1, 2, 2, 1, 1]);
+    }
 }
 
-#[test]
-fn a_lease_failed_by_an_earlier_handler_is_not_run() {
-    use Handler::*;
-    // The batch checks every lease before the first handler; the second lease is failed
-    // by the first handler, so its check no longer holds and its handler never runs.
-    assert_eq!(
-        run(&[FailsNext, Completes, Completes]).unwrap(),
-        vec![1, 0, 1]
-    );
-    assert_eq!(
-        run(&[Completes, CompletesNext, Completes]).unwrap(),
-        vec![1, 1, 0]
-    );
+conformance! {
+    fn a_lease_failed_by_an_earlier_handler_is_not_run(b: Backend) {
+        use Handler::*;
+        // The batch checks every lease before the first handler; the second lease is failed
+        // by the first handler, so its check no longer holds and its handler never runs.
+        assert_eq!(
+            run(&b.db(), &[FailsNext, Completes, Completes]).unwrap(),
+            vec![1, 0, 1]
+        );
+        assert_eq!(
+            run(&b.db(), &[Completes, CompletesNext, Completes]).unwrap(),
+            vec![1, 1, 0]
+        );
+    }
 }
 
-#[test]
-fn a_batch_without_failures_runs_each_handler_once() {
-    assert_eq!(run(&[Handler::Completes; 20]).unwrap(), vec![1; 20]);
+conformance! {
+    fn a_batch_without_failures_runs_each_handler_once(b: Backend) {
+        assert_eq!(run(&b.db(), &[Handler::Completes; 20]).unwrap(), vec![1; 20]);
+    }
 }
 
-#[test]
-fn a_lost_lease_far_from_the_others_in_its_batch_is_found_lost() {
-    // The batch reads the item rows between its lowest and highest input, up to a bound;
-    // a lease past the bound is looked up on its own, and one that was lost stays lost.
-    let store = orders_queued(60);
-    let leases = store.claim("ship", 60).unwrap();
-    let (first, last) = (leases[0].clone(), leases[59].clone());
-    store
-        .fail(&last, Failure::Transient("given back".into()))
-        .unwrap();
-    let mut ran = Vec::new();
-    let results = store
-        .complete_batch(&[first.clone(), last.clone()], |w, lease| {
-            ran.push(lease.input.hash());
-            w.insert(&lease.completion().build()?).map(|_| ())
-        })
-        .unwrap();
-    assert!(results[0].is_ok(), "{:?}", results[0]);
-    assert!(
-        matches!(results[1], Err(Error::LeaseLost { .. })),
-        "{:?}",
-        results[1]
-    );
-    assert_eq!(ran, vec![first.input.hash()]);
+conformance! {
+    fn a_lost_lease_far_from_the_others_in_its_batch_is_found_lost(b: Backend) {
+        // The batch reads the item rows between its lowest and highest input, up to a bound;
+        // a lease past the bound is looked up on its own, and one that was lost stays lost.
+        let db = b.db();
+        let store = orders_queued(&db, 60);
+        let leases = store.claim("ship", 60).unwrap();
+        let (first, last) = (leases[0].clone(), leases[59].clone());
+        store
+            .fail(&last, Failure::Transient("given back".into()))
+            .unwrap();
+        let mut ran = Vec::new();
+        let results = store
+            .complete_batch(&[first.clone(), last.clone()], |w, lease| {
+                ran.push(lease.input.hash());
+                w.insert(&lease.completion().build()?).map(|_| ())
+            })
+            .unwrap();
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        assert!(
+            matches!(results[1], Err(Error::LeaseLost { .. })),
+            "{:?}",
+            results[1]
+        );
+        assert_eq!(ran, vec![first.input.hash()]);
+    }
 }

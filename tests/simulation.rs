@@ -21,7 +21,10 @@
 //! A failing run panics with `seed=<n>`; `PRECEDENT_SIM_SEED=<n> cargo test --test
 //! simulation` replays exactly that run. `PRECEDENT_SIM_SEEDS=<count>` runs seeds
 //! `1..=count` (default 20) and `PRECEDENT_SIM_STEPS=<steps>` sets the steps per run
-//! (default 200).
+//! (default 200). It runs on SQLite and on PostgreSQL (`tests/common/backend.rs`): a node's
+//! database is a file or a PostgreSQL database, emptied before each seed's run.
+
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -33,6 +36,8 @@ use precedent::store::Durability;
 use precedent::{Error, Fact, FactHash, Store, StoreOptions, Value};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
+
+use common::backend::TestDb;
 
 const T0: i64 = 1_800_000_000_000;
 const QUEUE: &str = "handle";
@@ -122,7 +127,6 @@ struct Sim {
     seed: u64,
     rng: SmallRng,
     clock: Arc<ManualClock>,
-    _dir: tempfile::TempDir,
     nodes: Vec<Node>,
     net: Vec<Message>,
     /// The side of the partition each node is on; all zero when healed.
@@ -156,12 +160,14 @@ fn decode(facts: &[Vec<u8>]) -> Vec<Fact> {
 }
 
 impl Sim {
-    fn new(seed: u64, nodes: usize) -> Sim {
-        let dir = tempfile::tempdir().unwrap();
+    /// A simulation of `nodes` nodes on the first of `dbs`, emptied first.
+    fn new(seed: u64, nodes: usize, dbs: &[TestDb]) -> Sim {
         let clock = ManualClock::starting_at(T0);
-        let nodes = (0..nodes)
-            .map(|i| {
-                let path = dir.path().join(format!("node-{i}.db"));
+        let nodes = dbs[..nodes]
+            .iter()
+            .map(|db| {
+                db.reset();
+                let path = db.location.clone();
                 let store = open(&path, &clock);
                 store.declare_queue(&queue_spec()).unwrap();
                 Node {
@@ -176,7 +182,6 @@ impl Sim {
             seed,
             rng: SmallRng::seed_from_u64(seed),
             clock,
-            _dir: dir,
             nodes,
             net: Vec::new(),
             side: vec![0; n],
@@ -636,10 +641,10 @@ impl Sim {
 }
 
 /// One run; returns the number of facts every node ended with.
-fn run(seed: u64, steps: u64) -> usize {
+fn run(dbs: &[TestDb], seed: u64, steps: u64) -> usize {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5EED);
     let nodes = rng.random_range(3..=4);
-    let mut sim = Sim::new(seed, nodes);
+    let mut sim = Sim::new(seed, nodes, dbs);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         for _ in 0..steps {
             sim.step();
@@ -663,20 +668,23 @@ fn run(seed: u64, steps: u64) -> usize {
     }
 }
 
-#[test]
-fn nodes_converge_under_loss_partitions_and_restarts() {
-    let steps = env_u64("PRECEDENT_SIM_STEPS").unwrap_or(200);
-    let seeds: Vec<u64> = match env_u64("PRECEDENT_SIM_SEED") {
-        Some(seed) => vec![seed],
-        None => (1..=env_u64("PRECEDENT_SIM_SEEDS").unwrap_or(20)).collect(),
-    };
-    let mut facts = 0;
-    for &seed in &seeds {
-        facts += run(seed, steps);
+conformance! {
+    /// The runs share one database per node, emptied before each run.
+    fn nodes_converge_under_loss_partitions_and_restarts(b: Backend) {
+        let dbs: Vec<TestDb> = (0..4).map(|_| b.db()).collect();
+        let steps = env_u64("PRECEDENT_SIM_STEPS").unwrap_or(200);
+        let seeds: Vec<u64> = match env_u64("PRECEDENT_SIM_SEED") {
+            Some(seed) => vec![seed],
+            None => (1..=env_u64("PRECEDENT_SIM_SEEDS").unwrap_or(20)).collect(),
+        };
+        let mut facts = 0;
+        for &seed in &seeds {
+            facts += run(&dbs, seed, steps);
+        }
+        eprintln!(
+            "simulation: {} seeds of {steps} steps, {facts} facts converged",
+            seeds.len()
+        );
+        assert!(facts > 0);
     }
-    eprintln!(
-        "simulation: {} seeds of {steps} steps, {facts} facts converged",
-        seeds.len()
-    );
-    assert!(facts > 0);
 }

@@ -19,746 +19,766 @@ use precedent::sync::server::Limits;
 use precedent::{Error, FactHash, Store};
 use sync_support::*;
 
-#[test]
-fn two_nodes_converge_both_ways() {
-    let a = Node::new();
-    let b = Node::new();
-    let shared = chain(50);
-    let sa = a.store();
-    sa.insert_batch(shared.clone()).unwrap();
-    sa.insert_batch(tree("A", &shared[49], 300)).unwrap();
-    let sb = b.store();
-    sb.insert_batch(shared[..20].to_vec()).unwrap();
-    sb.insert_batch(tree("B", &shared[10], 200)).unwrap();
-    let server = a.serve();
-    let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
-    let report = client
-        .sync(&sb, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert_eq!(report.held, 0);
-    assert!(report.pushed >= 200, "{report:?}");
-    assert_converged(&[&a, &b]);
-    // The facts B pushed come back once as duplicates (A released them after B's pull
-    // bookmark); after that a sync moves nothing.
-    let again = client
-        .sync(&sb, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert_eq!((again.inserted, again.pushed), (0, 0), "{again:?}");
-    assert!(again.pulled <= report.pushed, "{again:?}");
-    let third = client
-        .sync(&sb, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert_eq!((third.pulled, third.pushed), (0, 0), "{third:?}");
-    let peer = sb.peer(&server.url()).unwrap().unwrap();
-    assert_eq!(peer.lag(), 0);
-    assert!(peer.last_sync_ms.is_some() && peer.last_error.is_none());
-}
-
-/// The database behind a URL is replaced by another (a server reset, or another server on
-/// the same port): the client notices by the store identity the server reports, its
-/// bookmarks start again from 0, and both sides end with everything. Without the identity
-/// the stale bookmarks would skip the new database's first facts and never push again.
-#[test]
-fn a_replaced_database_behind_the_same_url_is_synced_from_the_start() {
-    let (old, new, client_node) = (Node::new(), Node::new(), Node::new());
-    old.store().insert_batch(chain(40)).unwrap();
-    let root = fact("Mine", 0, &[]);
-    let mut mine = vec![root.clone()];
-    mine.extend(tree("Mine", &root, 30));
-    client_node.store().insert_batch(mine).unwrap();
-    let fresh = fact("Fresh", 0, &[]);
-    let mut theirs = vec![fresh.clone()];
-    theirs.extend(tree("Fresh", &fresh, 10));
-    new.store().insert_batch(theirs).unwrap();
-
-    let server = old.serve();
-    let (url, addr) = (server.url(), server.addr());
-    let client = Client::new(&url, ClientOptions::default()).unwrap();
-    let cs = client_node.store();
-    let first = client
-        .sync(&cs, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert!(!first.replaced);
-    assert_converged(&[&old, &client_node]);
-    let before = cs.peer(&url).unwrap().unwrap();
-    assert!(
-        before.pull_after > 11 && before.push_after > 0,
-        "{before:?}"
-    );
-    server.stop().unwrap();
-
-    // The new database, served at the same address.
-    let server = new.serve_with(|c| c.listen = addr);
-    assert_eq!(server.url(), url);
-    let second = client
-        .sync(&cs, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert!(second.replaced, "{second:?}");
-    assert_eq!(second.inserted, 11, "{second:?}");
-    assert_converged(&[&new, &client_node]);
-    // And from then on the bookmarks are those of the new database.
-    let third = client
-        .sync(&cs, &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert!(!third.replaced);
-    assert_eq!((third.inserted, third.pushed), (0, 0), "{third:?}");
-}
-
-/// Push alone notices a replaced database too: the first answer's identity differs, the
-/// push bookmark goes back to 0, and everything is pushed to the new database.
-#[test]
-fn a_push_to_a_replaced_database_pushes_everything_again() {
-    let (old, new, client_node) = (Node::new(), Node::new(), Node::new());
-    let cs = client_node.store();
-    cs.insert_batch(chain(25)).unwrap();
-    let server = old.serve();
-    let (url, addr) = (server.url(), server.addr());
-    let client = Client::new(&url, ClientOptions::default()).unwrap();
-    let push = SyncOptions {
-        direction: Direction::Push,
-        ..SyncOptions::default()
-    };
-    assert_eq!(client.sync(&cs, &push, &mut |_| {}).unwrap().pushed, 25);
-    cs.insert_batch(vec![fact("Later", 1, &[])]).unwrap();
-    server.stop().unwrap();
-    let server = new.serve_with(|c| c.listen = addr);
-    assert_eq!(server.url(), url);
-    let r = client.sync(&cs, &push, &mut |_| {}).unwrap();
-    assert!(r.replaced, "{r:?}");
-    assert_converged(&[&new, &client_node]);
-}
-
-#[test]
-fn three_nodes_in_a_line_converge() {
-    let nodes = [Node::new(), Node::new(), Node::new()];
-    for (i, n) in nodes.iter().enumerate() {
-        let root = fact("Root", i as i64, &[]);
-        let s = n.store();
-        s.insert(&root).unwrap();
-        s.insert_batch(tree(&format!("N{i}"), &root, 150)).unwrap();
+conformance_sync! {
+    fn two_nodes_converge_both_ways(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let b = Node::on(client);
+        let shared = chain(50);
+        let sa = a.store();
+        sa.insert_batch(shared.clone()).unwrap();
+        sa.insert_batch(tree("A", &shared[49], 300)).unwrap();
+        let sb = b.store();
+        sb.insert_batch(shared[..20].to_vec()).unwrap();
+        sb.insert_batch(tree("B", &shared[10], 200)).unwrap();
+        let server = a.serve();
+        let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
+        let report = client
+            .sync(&sb, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert_eq!(report.held, 0);
+        assert!(report.pushed >= 200, "{report:?}");
+        assert_converged(&[&a, &b]);
+        // The facts B pushed come back once as duplicates (A released them after B's pull
+        // bookmark); after that a sync moves nothing.
+        let again = client
+            .sync(&sb, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert_eq!((again.inserted, again.pushed), (0, 0), "{again:?}");
+        assert!(again.pulled <= report.pushed, "{again:?}");
+        let third = client
+            .sync(&sb, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert_eq!((third.pulled, third.pushed), (0, 0), "{third:?}");
+        let peer = sb.peer(&server.url()).unwrap().unwrap();
+        assert_eq!(peer.lag(), 0);
+        assert!(peer.last_sync_ms.is_some() && peer.last_error.is_none());
     }
-    let servers: Vec<_> = nodes.iter().map(|n| n.serve()).collect();
-    // 0 <-> 1 <-> 2, twice round so facts from 2 reach 0 and back.
-    for _ in 0..2 {
-        sync_pair(&nodes[0], &servers[1].url());
-        sync_pair(&nodes[2], &servers[1].url());
+}
+
+conformance_sync! {
+    /// The database behind a URL is replaced by another (a server reset, or another server on
+    /// the same port): the client notices by the store identity the server reports, its
+    /// bookmarks start again from 0, and both sides end with everything. Without the identity
+    /// the stale bookmarks would skip the new database's first facts and never push again.
+    fn a_replaced_database_behind_the_same_url_is_synced_from_the_start(server: Backend, client: Backend) {
+        let (old, new, client_node) = (Node::on(server), Node::on(server), Node::on(client));
+        old.store().insert_batch(chain(40)).unwrap();
+        let root = fact("Mine", 0, &[]);
+        let mut mine = vec![root.clone()];
+        mine.extend(tree("Mine", &root, 30));
+        client_node.store().insert_batch(mine).unwrap();
+        let fresh = fact("Fresh", 0, &[]);
+        let mut theirs = vec![fresh.clone()];
+        theirs.extend(tree("Fresh", &fresh, 10));
+        new.store().insert_batch(theirs).unwrap();
+
+        let server = old.serve();
+        let (url, addr) = (server.url(), server.addr());
+        let client = Client::new(&url, ClientOptions::default()).unwrap();
+        let cs = client_node.store();
+        let first = client
+            .sync(&cs, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert!(!first.replaced);
+        assert_converged(&[&old, &client_node]);
+        let before = cs.peer(&url).unwrap().unwrap();
+        assert!(
+            before.pull_after > 11 && before.push_after > 0,
+            "{before:?}"
+        );
+        server.stop().unwrap();
+
+        // The new database, served at the same address.
+        let server = new.serve_with(|c| c.listen = addr);
+        assert_eq!(server.url(), url);
+        let second = client
+            .sync(&cs, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert!(second.replaced, "{second:?}");
+        assert_eq!(second.inserted, 11, "{second:?}");
+        assert_converged(&[&new, &client_node]);
+        // And from then on the bookmarks are those of the new database.
+        let third = client
+            .sync(&cs, &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert!(!third.replaced);
+        assert_eq!((third.inserted, third.pushed), (0, 0), "{third:?}");
     }
-    let refs: Vec<&Node> = nodes.iter().collect();
-    assert_converged(&refs);
 }
 
-#[test]
-fn pull_and_push_only_move_one_way() {
-    let a = Node::new();
-    let b = Node::new();
-    a.store().insert_batch(chain(30)).unwrap();
-    let mine = fact("Mine", 1, &[]);
-    b.store().insert(&mine).unwrap();
-    let server = a.serve();
-    let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
-    let pull = SyncOptions {
-        direction: Direction::Pull,
-        ..SyncOptions::default()
-    };
-    client.sync(&b.store(), &pull, &mut |_| {}).unwrap();
-    assert!(a.store().get(&mine.hash()).unwrap().is_none());
-    assert_eq!(hashes(&b.store()).len(), 31);
-    let push = SyncOptions {
-        direction: Direction::Push,
-        ..SyncOptions::default()
-    };
-    client.sync(&b.store(), &push, &mut |_| {}).unwrap();
-    assert!(a.store().get(&mine.hash()).unwrap().is_some());
-}
-
-#[test]
-fn scoped_sync_takes_the_slice_below_its_roots_and_their_ancestors() {
-    let a = Node::new();
-    let world = fact("World", 0, &[]);
-    let shop1 = fact("Shop", 1, &[world.hash()]);
-    let shop2 = fact("Shop", 2, &[world.hash()]);
-    let other = fact("Other", 3, &[]);
-    let sa = a.store();
-    sa.insert_batch(vec![
-        world.clone(),
-        shop1.clone(),
-        shop2.clone(),
-        other.clone(),
-    ])
-    .unwrap();
-    sa.insert_batch(tree("S1", &shop1, 100)).unwrap();
-    sa.insert_batch(tree("S2", &shop2, 100)).unwrap();
-    let server = a.serve();
-    let c = Node::new();
-    let sc = c.store();
-    let client = Client::new(
-        &server.url(),
-        ClientOptions {
-            batch: 17,
-            ..ClientOptions::default()
-        },
-    )
-    .unwrap();
-    let scoped = SyncOptions {
-        direction: Direction::Pull,
-        roots: vec![shop1.hash()],
-    };
-    client.sync(&sc, &scoped, &mut |_| {}).unwrap();
-    let want: BTreeSet<FactHash> = std::iter::once(shop1.hash())
-        .chain(std::iter::once(world.hash()))
-        .chain(sa.descendants(&shop1.hash()).unwrap())
-        .collect();
-    assert_eq!(hashes(&sc), want);
-    // A new fact below the root that also names a fact outside the scope: it arrives
-    // held, and its missing ancestor is fetched.
-    let join = fact("Join", 9, &[shop1.hash(), other.hash()]);
-    sa.insert(&join).unwrap();
-    let r = client.sync(&sc, &scoped, &mut |_| {}).unwrap();
-    assert!(r.fetched >= 1, "{r:?}");
-    assert!(sc.get(&join.hash()).unwrap().is_some());
-    assert!(sc.get(&other.hash()).unwrap().is_some());
-    assert!(sc.get(&shop2.hash()).unwrap().is_none());
-    assert_eq!(sc.held_count().unwrap(), 0);
-    assert!(sc.verify(|_| {}).unwrap().is_clean());
-    assert_topological(&sc);
-}
-
-#[test]
-fn pushed_poison_is_quarantined_and_the_rest_stored() {
-    let a = Node::new();
-    let server = a.serve();
-    let good = fact("Good", 1, &[]);
-    let child = fact("Good", 2, &[good.hash()]);
-    let mut body = child.canonical_bytes().to_vec();
-    body.extend_from_slice(&[0x83, 0x01, 0x02, 0x03]); // an array, not a fact
-    body.extend_from_slice(good.canonical_bytes());
-    body.extend_from_slice(&[0x1b]); // an integer head cut short: unframeable to the end
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, None);
-    assert_eq!(status, 200, "{json}");
-    assert_eq!(json["received"], 4);
-    assert_eq!(json["inserted"], 2);
-    let rejected: Vec<u64> = json["rejected"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["index"].as_u64().unwrap())
-        .collect();
-    assert_eq!(rejected, vec![1, 3]);
-    let s = a.store();
-    assert!(s.get(&child.hash()).unwrap().is_some());
-    let q = s.quarantine(10).unwrap();
-    assert_eq!(q.len(), 2);
-    assert_eq!(q[1].bytes, vec![0x83, 0x01, 0x02, 0x03]);
-    assert_eq!(q[1].peer, "anonymous");
-    assert!(s.verify(|_| {}).unwrap().is_clean());
-    let metrics = get_text(&server, "/metrics", None);
-    assert!(
-        metrics.contains("precedent_sync_rejects_total 2"),
-        "{metrics}"
-    );
-    assert!(metrics.contains("precedent_quarantined 2"), "{metrics}");
-}
-
-#[test]
-fn pulled_poison_is_quarantined_and_the_page_still_committed() {
-    let good = fact("Good", 1, &[]);
-    let mut body = good.canonical_bytes().to_vec();
-    body.extend_from_slice(&[0x82, 0x01, 0x02]);
-    let fake = FakeServer::start(move |_req| {
-        let mut r = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/cbor-seq\r\nprecedent-through: 2\r\n\
-             precedent-count: 2\r\nprecedent-max-seq: 2\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        )
-        .into_bytes();
-        r.extend_from_slice(&body);
-        r
-    });
-    let b = Node::new();
-    let sb = b.store();
-    let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
-    let pull = SyncOptions {
-        direction: Direction::Pull,
-        ..SyncOptions::default()
-    };
-    let r = client.sync(&sb, &pull, &mut |_| {}).unwrap();
-    assert_eq!(r.quarantined, 1);
-    assert!(sb.get(&good.hash()).unwrap().is_some());
-    assert_eq!(sb.quarantine(10).unwrap()[0].peer, fake.url());
-    assert_eq!(sb.peer(&fake.url()).unwrap().unwrap().pull_after, 2);
-}
-
-#[test]
-fn a_short_pull_stream_is_an_error_and_moves_no_bookmark() {
-    let good = fact("Good", 1, &[]);
-    let body = good.canonical_bytes().to_vec();
-    let fake = FakeServer::start(move |_req| {
-        // Announces three records, sends one, then closes cleanly.
-        let mut r =
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/cbor-seq\r\nprecedent-through: 3\r\n\
-             precedent-count: 3\r\nprecedent-max-seq: 3\r\nconnection: close\r\n\r\n"
-                .to_vec();
-        r.extend_from_slice(&body);
-        r
-    });
-    let b = Node::new();
-    let sb = b.store();
-    let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
-    let err = client
-        .sync(&sb, &SyncOptions::default(), &mut |_| {})
-        .unwrap_err();
-    assert!(matches!(err, Error::Transport { .. }), "{err}");
-    let peer = sb.peer(&fake.url()).unwrap().unwrap();
-    assert_eq!(peer.pull_after, 0);
-    assert!(peer.last_error.is_some());
-    assert_eq!(sb.max_seq().unwrap(), 0);
-}
-
-#[test]
-fn a_fetched_fact_that_was_not_asked_for_is_quarantined() {
-    let held = fact("Child", 1, &[FactHash([7; 32])]);
-    let stranger = fact("Stranger", 2, &[]);
-    let bytes = stranger.canonical_bytes().to_vec();
-    let held_bytes = held.canonical_bytes().to_vec();
-    let fake = FakeServer::start(move |req| {
-        let (ctype, body, extra) = if req.starts_with("POST /v1/fetch") {
-            (
-                "application/cbor-seq",
-                bytes.clone(),
-                "precedent-count: 1\r\n",
-            )
-        } else {
-            (
-                "application/cbor-seq",
-                held_bytes.clone(),
-                "precedent-through: 1\r\nprecedent-count: 1\r\nprecedent-max-seq: 1\r\n",
-            )
+conformance_sync! {
+    /// Push alone notices a replaced database too: the first answer's identity differs, the
+    /// push bookmark goes back to 0, and everything is pushed to the new database.
+    fn a_push_to_a_replaced_database_pushes_everything_again(server: Backend, client: Backend) {
+        let (old, new, client_node) = (Node::on(server), Node::on(server), Node::on(client));
+        let cs = client_node.store();
+        cs.insert_batch(chain(25)).unwrap();
+        let server = old.serve();
+        let (url, addr) = (server.url(), server.addr());
+        let client = Client::new(&url, ClientOptions::default()).unwrap();
+        let push = SyncOptions {
+            direction: Direction::Push,
+            ..SyncOptions::default()
         };
-        let mut r = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        )
-        .into_bytes();
-        r.extend_from_slice(&body);
-        r
-    });
-    let b = Node::new();
-    let sb = b.store();
-    let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
-    let pull = SyncOptions {
-        direction: Direction::Pull,
-        ..SyncOptions::default()
-    };
-    let r = client.sync(&sb, &pull, &mut |_| {}).unwrap();
-    assert_eq!(r.quarantined, 1, "{r:?}");
-    assert!(sb.lookup(&stranger.hash()).unwrap().is_none());
-    assert_eq!(sb.held_count().unwrap(), 1);
-}
-
-#[test]
-fn tokens_decide_who_reads_and_writes_and_refusals_store_nothing() {
-    let a = Node::new();
-    let server = a.serve_with(|c| c.tokens = tokens());
-    let shop = fact("Shop", 1, &[]);
-    let order = fact("Order", 2, &[shop.hash()]);
-    let body = [shop.canonical_bytes(), order.canonical_bytes()].concat();
-    // No token, a wrong token: 401, with WWW-Authenticate.
-    for token in [None, Some("nope")] {
-        for (m, p, ct, b) in [
-            ("GET", "/v1/facts", "", &b""[..]),
-            ("POST", "/v1/facts", CBOR, &body[..]),
-            ("GET", "/v1/info", "", &b""[..]),
-            ("GET", "/metrics", "", &b""[..]),
-            ("POST", "/v1/fetch", JSON_CT, &b"{\"hashes\":[]}"[..]),
-        ] {
-            let (status, json) = http(&server, m, p, ct, b, token);
-            assert_eq!(status, 401, "{m} {p}: {json}");
-            assert_eq!(json["error"], "unauthorized");
-        }
+        assert_eq!(client.sync(&cs, &push, &mut |_| {}).unwrap().pushed, 25);
+        cs.insert_batch(vec![fact("Later", 1, &[])]).unwrap();
+        server.stop().unwrap();
+        let server = new.serve_with(|c| c.listen = addr);
+        assert_eq!(server.url(), url);
+        let r = client.sync(&cs, &push, &mut |_| {}).unwrap();
+        assert!(r.replaced, "{r:?}");
+        assert_converged(&[&new, &client_node]);
     }
-    // Health needs no token.
-    assert_eq!(http(&server, "GET", "/v1/health", "", b"", None).0, 200);
-    // A read-only token may pull but not push.
-    assert_eq!(
-        http(&server, "GET", "/v1/facts", "", b"", Some("r-secret")).0,
-        200
-    );
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, Some("r-secret"));
-    assert_eq!((status, json["error"].as_str()), (403, Some("forbidden")));
-    // A write-only token may not pull.
-    let (status, _) = http(&server, "GET", "/v1/facts", "", b"", Some("s-secret"));
-    assert_eq!(status, 403);
-    // A token limited to Shop may not push an Order: 403 and nothing of the batch stored.
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, Some("s-secret"));
-    assert_eq!(
-        (status, json["error"].as_str()),
-        (403, Some("forbidden_type"))
-    );
-    assert_eq!(a.store().max_seq().unwrap(), 0);
-    // ... but may push a Shop.
-    let (status, _) = http(
-        &server,
-        "POST",
-        "/v1/facts",
-        CBOR,
-        shop.canonical_bytes(),
-        Some("s-secret"),
-    );
-    assert_eq!(status, 200);
-    // The client library carries the token.
-    let b = Node::new();
-    b.store().insert(&order).unwrap();
-    let client = Client::new(
-        &server.url(),
-        ClientOptions {
-            token: Some("w-secret".into()),
-            ..ClientOptions::default()
-        },
-    )
-    .unwrap();
-    client
-        .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
-        .unwrap();
-    assert_converged(&[&a, &b]);
-    let anonymous = Client::new(&server.url(), ClientOptions::default()).unwrap();
-    let err = anonymous
-        .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
-        .unwrap_err();
-    assert!(matches!(err, Error::Remote { status: 401, .. }), "{err}");
-    assert!(
-        b.store()
-            .peer(&server.url())
-            .unwrap()
-            .unwrap()
-            .last_error
-            .is_some()
-    );
 }
 
-#[test]
-fn limits_answer_with_clear_errors_and_store_nothing() {
-    let a = Node::new();
-    let server = a.serve_with(|c| {
-        c.limits = Limits {
-            max_body_bytes: 4096,
-            max_facts_per_request: 10,
-            max_held_per_peer: 3,
-            ..Limits::default()
+conformance_sync! {
+    fn three_nodes_in_a_line_converge(server: Backend, client: Backend) {
+        let nodes = [Node::on(client), Node::on(server), Node::on(client)];
+        for (i, n) in nodes.iter().enumerate() {
+            let root = fact("Root", i as i64, &[]);
+            let s = n.store();
+            s.insert(&root).unwrap();
+            s.insert_batch(tree(&format!("N{i}"), &root, 150)).unwrap();
         }
-    });
-    // Body over the byte limit.
-    let big: Vec<u8> = chain(400)
-        .iter()
-        .flat_map(|f| f.canonical_bytes().to_vec())
-        .collect();
-    assert!(big.len() > 4096);
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &big, None);
-    assert_eq!(
-        (status, json["error"].as_str()),
-        (413, Some("body_too_large"))
-    );
-    // Too many records.
-    let eleven: Vec<u8> = (0..11)
-        .flat_map(|i| fact("F", i, &[]).canonical_bytes().to_vec())
-        .collect();
-    assert!(eleven.len() <= 4096);
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &eleven, None);
-    assert_eq!(
-        (status, json["error"].as_str()),
-        (413, Some("too_many_facts"))
-    );
-    // Too many held for one peer: the whole push is refused.
-    let orphans: Vec<u8> = (0..4)
-        .flat_map(|i| {
-            fact("Orphan", i, &[FactHash([9; 32])])
-                .canonical_bytes()
-                .to_vec()
-        })
-        .collect();
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &orphans, None);
-    assert_eq!((status, json["error"].as_str()), (429, Some("held_limit")));
-    let three: Vec<u8> = (0..3)
-        .flat_map(|i| {
-            fact("Orphan", i, &[FactHash([9; 32])])
-                .canonical_bytes()
-                .to_vec()
-        })
-        .collect();
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &three, None);
-    assert_eq!(status, 200, "{json}");
-    assert_eq!(json["missing"][0], FactHash([9; 32]).to_string());
-    // Too many hashes in a fetch; a page larger than allowed.
-    let hashes: Vec<String> = (0..11).map(|i| FactHash([i; 32]).to_string()).collect();
-    let req = serde_json::json!({ "hashes": hashes }).to_string();
-    let (status, json) = http(&server, "POST", "/v1/fetch", JSON_CT, req.as_bytes(), None);
-    assert_eq!(
-        (status, json["error"].as_str()),
-        (413, Some("too_many_facts"))
-    );
-    let (status, _) = http(&server, "GET", "/v1/facts?limit=11", "", b"", None);
-    assert_eq!(status, 400);
-    let s = a.store();
-    assert_eq!(s.max_seq().unwrap(), 0);
-    assert_eq!(s.held_count().unwrap(), 3);
-    assert_eq!(s.quarantine_count().unwrap(), 0);
+        let servers: Vec<_> = nodes.iter().map(|n| n.serve()).collect();
+        // 0 <-> 1 <-> 2, twice round so facts from 2 reach 0 and back.
+        for _ in 0..2 {
+            sync_pair(&nodes[0], &servers[1].url());
+            sync_pair(&nodes[2], &servers[1].url());
+        }
+        let refs: Vec<&Node> = nodes.iter().collect();
+        assert_converged(&refs);
+    }
 }
 
-#[test]
-fn every_malformed_request_gets_a_json_error() {
-    let a = Node::new();
-    let server = a.serve();
-    // (method, path, content type, body, status, error code)
-    type Case<'a> = (&'a str, &'a str, &'a str, &'a [u8], u16, &'a str);
-    let cases: &[Case] = &[
-        ("GET", "/v1/facts?after=x", "", b"", 400, "bad_request"),
-        ("GET", "/v1/facts?after=-1", "", b"", 400, "bad_request"),
-        ("GET", "/v1/facts?limit=0", "", b"", 400, "bad_request"),
-        ("GET", "/v1/facts?color=red", "", b"", 400, "bad_request"),
-        ("GET", "/v1/facts?root=abc", "", b"", 400, "bad_request"),
-        (
+conformance_sync! {
+    fn pull_and_push_only_move_one_way(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let b = Node::on(client);
+        a.store().insert_batch(chain(30)).unwrap();
+        let mine = fact("Mine", 1, &[]);
+        b.store().insert(&mine).unwrap();
+        let server = a.serve();
+        let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
+        let pull = SyncOptions {
+            direction: Direction::Pull,
+            ..SyncOptions::default()
+        };
+        client.sync(&b.store(), &pull, &mut |_| {}).unwrap();
+        assert!(a.store().get(&mine.hash()).unwrap().is_none());
+        assert_eq!(hashes(&b.store()).len(), 31);
+        let push = SyncOptions {
+            direction: Direction::Push,
+            ..SyncOptions::default()
+        };
+        client.sync(&b.store(), &push, &mut |_| {}).unwrap();
+        assert!(a.store().get(&mine.hash()).unwrap().is_some());
+    }
+}
+
+conformance_sync! {
+    fn scoped_sync_takes_the_slice_below_its_roots_and_their_ancestors(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let world = fact("World", 0, &[]);
+        let shop1 = fact("Shop", 1, &[world.hash()]);
+        let shop2 = fact("Shop", 2, &[world.hash()]);
+        let other = fact("Other", 3, &[]);
+        let sa = a.store();
+        sa.insert_batch(vec![
+            world.clone(),
+            shop1.clone(),
+            shop2.clone(),
+            other.clone(),
+        ])
+        .unwrap();
+        sa.insert_batch(tree("S1", &shop1, 100)).unwrap();
+        sa.insert_batch(tree("S2", &shop2, 100)).unwrap();
+        let server = a.serve();
+        let c = Node::on(client);
+        let sc = c.store();
+        let client = Client::new(
+            &server.url(),
+            ClientOptions {
+                batch: 17,
+                ..ClientOptions::default()
+            },
+        )
+        .unwrap();
+        let scoped = SyncOptions {
+            direction: Direction::Pull,
+            roots: vec![shop1.hash()],
+        };
+        client.sync(&sc, &scoped, &mut |_| {}).unwrap();
+        let want: BTreeSet<FactHash> = std::iter::once(shop1.hash())
+            .chain(std::iter::once(world.hash()))
+            .chain(sa.descendants(&shop1.hash()).unwrap())
+            .collect();
+        assert_eq!(hashes(&sc), want);
+        // A new fact below the root that also names a fact outside the scope: it arrives
+        // held, and its missing ancestor is fetched.
+        let join = fact("Join", 9, &[shop1.hash(), other.hash()]);
+        sa.insert(&join).unwrap();
+        let r = client.sync(&sc, &scoped, &mut |_| {}).unwrap();
+        assert!(r.fetched >= 1, "{r:?}");
+        assert!(sc.get(&join.hash()).unwrap().is_some());
+        assert!(sc.get(&other.hash()).unwrap().is_some());
+        assert!(sc.get(&shop2.hash()).unwrap().is_none());
+        assert_eq!(sc.held_count().unwrap(), 0);
+        assert!(sc.verify(|_| {}).unwrap().is_clean());
+        assert_topological(&sc);
+    }
+}
+
+conformance! {
+    fn pushed_poison_is_quarantined_and_the_rest_stored(b: Backend) {
+        let a = Node::on(b);
+        let server = a.serve();
+        let good = fact("Good", 1, &[]);
+        let child = fact("Good", 2, &[good.hash()]);
+        let mut body = child.canonical_bytes().to_vec();
+        body.extend_from_slice(&[0x83, 0x01, 0x02, 0x03]); // an array, not a fact
+        body.extend_from_slice(good.canonical_bytes());
+        body.extend_from_slice(&[0x1b]); // an integer head cut short: unframeable to the end
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, None);
+        assert_eq!(status, 200, "{json}");
+        assert_eq!(json["received"], 4);
+        assert_eq!(json["inserted"], 2);
+        let rejected: Vec<u64> = json["rejected"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["index"].as_u64().unwrap())
+            .collect();
+        assert_eq!(rejected, vec![1, 3]);
+        let s = a.store();
+        assert!(s.get(&child.hash()).unwrap().is_some());
+        let q = s.quarantine(10).unwrap();
+        assert_eq!(q.len(), 2);
+        assert_eq!(q[1].bytes, vec![0x83, 0x01, 0x02, 0x03]);
+        assert_eq!(q[1].peer, "anonymous");
+        assert!(s.verify(|_| {}).unwrap().is_clean());
+        let metrics = get_text(&server, "/metrics", None);
+        assert!(
+            metrics.contains("precedent_sync_rejects_total 2"),
+            "{metrics}"
+        );
+        assert!(metrics.contains("precedent_quarantined 2"), "{metrics}");
+    }
+}
+
+conformance! {
+    fn pulled_poison_is_quarantined_and_the_page_still_committed(backend: Backend) {
+        let good = fact("Good", 1, &[]);
+        let mut body = good.canonical_bytes().to_vec();
+        body.extend_from_slice(&[0x82, 0x01, 0x02]);
+        let fake = FakeServer::start(move |_req| {
+            let mut r = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/cbor-seq\r\nprecedent-through: 2\r\n\
+                 precedent-count: 2\r\nprecedent-max-seq: 2\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            r.extend_from_slice(&body);
+            r
+        });
+        let b = Node::on(backend);
+        let sb = b.store();
+        let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
+        let pull = SyncOptions {
+            direction: Direction::Pull,
+            ..SyncOptions::default()
+        };
+        let r = client.sync(&sb, &pull, &mut |_| {}).unwrap();
+        assert_eq!(r.quarantined, 1);
+        assert!(sb.get(&good.hash()).unwrap().is_some());
+        assert_eq!(sb.quarantine(10).unwrap()[0].peer, fake.url());
+        assert_eq!(sb.peer(&fake.url()).unwrap().unwrap().pull_after, 2);
+    }
+}
+
+conformance! {
+    fn a_short_pull_stream_is_an_error_and_moves_no_bookmark(backend: Backend) {
+        let good = fact("Good", 1, &[]);
+        let body = good.canonical_bytes().to_vec();
+        let fake = FakeServer::start(move |_req| {
+            // Announces three records, sends one, then closes cleanly.
+            let mut r =
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/cbor-seq\r\nprecedent-through: 3\r\n\
+                 precedent-count: 3\r\nprecedent-max-seq: 3\r\nconnection: close\r\n\r\n"
+                    .to_vec();
+            r.extend_from_slice(&body);
+            r
+        });
+        let b = Node::on(backend);
+        let sb = b.store();
+        let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
+        let err = client
+            .sync(&sb, &SyncOptions::default(), &mut |_| {})
+            .unwrap_err();
+        assert!(matches!(err, Error::Transport { .. }), "{err}");
+        let peer = sb.peer(&fake.url()).unwrap().unwrap();
+        assert_eq!(peer.pull_after, 0);
+        assert!(peer.last_error.is_some());
+        assert_eq!(sb.max_seq().unwrap(), 0);
+    }
+}
+
+conformance! {
+    fn a_fetched_fact_that_was_not_asked_for_is_quarantined(backend: Backend) {
+        let held = fact("Child", 1, &[FactHash([7; 32])]);
+        let stranger = fact("Stranger", 2, &[]);
+        let bytes = stranger.canonical_bytes().to_vec();
+        let held_bytes = held.canonical_bytes().to_vec();
+        let fake = FakeServer::start(move |req| {
+            let (ctype, body, extra) = if req.starts_with("POST /v1/fetch") {
+                (
+                    "application/cbor-seq",
+                    bytes.clone(),
+                    "precedent-count: 1\r\n",
+                )
+            } else {
+                (
+                    "application/cbor-seq",
+                    held_bytes.clone(),
+                    "precedent-through: 1\r\nprecedent-count: 1\r\nprecedent-max-seq: 1\r\n",
+                )
+            };
+            let mut r = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            r.extend_from_slice(&body);
+            r
+        });
+        let b = Node::on(backend);
+        let sb = b.store();
+        let client = Client::new(&fake.url(), ClientOptions::default()).unwrap();
+        let pull = SyncOptions {
+            direction: Direction::Pull,
+            ..SyncOptions::default()
+        };
+        let r = client.sync(&sb, &pull, &mut |_| {}).unwrap();
+        assert_eq!(r.quarantined, 1, "{r:?}");
+        assert!(sb.lookup(&stranger.hash()).unwrap().is_none());
+        assert_eq!(sb.held_count().unwrap(), 1);
+    }
+}
+
+conformance_sync! {
+    fn tokens_decide_who_reads_and_writes_and_refusals_store_nothing(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let server = a.serve_with(|c| c.tokens = tokens());
+        let shop = fact("Shop", 1, &[]);
+        let order = fact("Order", 2, &[shop.hash()]);
+        let body = [shop.canonical_bytes(), order.canonical_bytes()].concat();
+        // No token, a wrong token: 401, with WWW-Authenticate.
+        for token in [None, Some("nope")] {
+            for (m, p, ct, b) in [
+                ("GET", "/v1/facts", "", &b""[..]),
+                ("POST", "/v1/facts", CBOR, &body[..]),
+                ("GET", "/v1/info", "", &b""[..]),
+                ("GET", "/metrics", "", &b""[..]),
+                ("POST", "/v1/fetch", JSON_CT, &b"{\"hashes\":[]}"[..]),
+            ] {
+                let (status, json) = http(&server, m, p, ct, b, token);
+                assert_eq!(status, 401, "{m} {p}: {json}");
+                assert_eq!(json["error"], "unauthorized");
+            }
+        }
+        // Health needs no token.
+        assert_eq!(http(&server, "GET", "/v1/health", "", b"", None).0, 200);
+        // A read-only token may pull but not push.
+        assert_eq!(
+            http(&server, "GET", "/v1/facts", "", b"", Some("r-secret")).0,
+            200
+        );
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, Some("r-secret"));
+        assert_eq!((status, json["error"].as_str()), (403, Some("forbidden")));
+        // A write-only token may not pull.
+        let (status, _) = http(&server, "GET", "/v1/facts", "", b"", Some("s-secret"));
+        assert_eq!(status, 403);
+        // A token limited to Shop may not push an Order: 403 and nothing of the batch stored.
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, Some("s-secret"));
+        assert_eq!(
+            (status, json["error"].as_str()),
+            (403, Some("forbidden_type"))
+        );
+        assert_eq!(a.store().max_seq().unwrap(), 0);
+        // ... but may push a Shop.
+        let (status, _) = http(
+            &server,
             "POST",
             "/v1/facts",
-            "text/plain",
-            b"x",
-            415,
-            "unsupported_media_type",
-        ),
-        (
-            "POST",
-            "/v1/fetch",
             CBOR,
-            b"{}",
-            415,
-            "unsupported_media_type",
-        ),
-        (
-            "POST",
-            "/v1/fetch",
-            JSON_CT,
-            b"not json",
-            400,
-            "bad_request",
-        ),
-        (
-            "POST",
-            "/v1/fetch",
-            JSON_CT,
-            br#"{"hashes":["zz"]}"#,
-            400,
-            "bad_request",
-        ),
-        ("GET", "/v2/facts", "", b"", 404, "not_found"),
-        ("DELETE", "/v1/facts", "", b"", 405, "method_not_allowed"),
-    ];
-    for (m, p, ct, body, want, code) in cases {
-        let (status, json) = http(&server, m, p, ct, body, None);
-        assert_eq!(status, *want, "{m} {p}: {json}");
-        assert_eq!(json["error"], *code, "{m} {p}: {json}");
-        assert!(json["message"].as_str().is_some_and(|m| !m.is_empty()));
-    }
-    // An empty push is fine and changes nothing.
-    let (status, json) = http(&server, "POST", "/v1/facts", CBOR, b"", None);
-    assert_eq!((status, json["received"].as_u64()), (200, Some(0)));
-}
-
-#[test]
-fn a_slow_request_times_out_with_408() {
-    let a = Node::new();
-    let server = a.serve_with(|c| c.limits.request_timeout = Duration::from_millis(300));
-    let mut s = TcpStream::connect(server.addr()).unwrap();
-    // Promise a body and never send it.
-    write!(
-        s,
-        "POST /v1/facts HTTP/1.1\r\nhost: x\r\ncontent-type: application/cbor-seq\r\ncontent-length: 100\r\n\r\n"
-    )
-    .unwrap();
-    let (status, json) = read_response(&mut s);
-    assert_eq!((status, json["error"].as_str()), (408, Some("timeout")));
-}
-
-#[test]
-fn connections_over_the_limit_get_503() {
-    let a = Node::new();
-    let server = a.serve_with(|c| c.limits.max_connections = 2);
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut s = TcpStream::connect(server.addr()).unwrap();
-        // A complete request keeps the connection open (keep-alive) and proves it is served.
-        write!(s, "GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
-        let (status, _) = read_response(&mut s);
+            shop.canonical_bytes(),
+            Some("s-secret"),
+        );
         assert_eq!(status, 200);
-        held.push(s);
-    }
-    let mut extra = TcpStream::connect(server.addr()).unwrap();
-    write!(extra, "GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
-    let (status, json) = read_response(&mut extra);
-    assert_eq!(
-        (status, json["error"].as_str()),
-        (503, Some("too_many_connections"))
-    );
-    drop(held);
-}
-
-#[test]
-fn tls_with_a_self_signed_certificate() {
-    let a = Node::new();
-    a.store().insert_batch(chain(25)).unwrap();
-    let cert =
-        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
-    let cert_pem = cert.cert.pem();
-    let cert_path = a.dir.path().join("cert.pem");
-    let key_path = a.dir.path().join("key.pem");
-    std::fs::write(&cert_path, &cert_pem).unwrap();
-    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
-    let server = a.serve_with(|c| c.tls = Some((cert_path.clone(), key_path.clone())));
-    let url = format!("https://localhost:{}", server.addr().port());
-    let b = Node::new();
-    let trusting = Client::new(
-        &url,
-        ClientOptions {
-            ca_cert_pem: Some(cert_pem.into_bytes()),
-            ..ClientOptions::default()
-        },
-    )
-    .unwrap();
-    trusting
-        .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
+        // The client library carries the token.
+        let b = Node::on(client);
+        b.store().insert(&order).unwrap();
+        let client = Client::new(
+            &server.url(),
+            ClientOptions {
+                token: Some("w-secret".into()),
+                ..ClientOptions::default()
+            },
+        )
         .unwrap();
-    assert_converged(&[&a, &b]);
-    let untrusting = Client::new(&url, ClientOptions::default()).unwrap();
-    let err = untrusting.health().unwrap_err();
-    assert!(matches!(err, Error::Transport { .. }), "{err}");
-    // Plain HTTP to the TLS port does not get an answer it could mistake for facts.
-    let plain = Client::new(&server.url(), ClientOptions::default()).unwrap();
-    assert!(plain.health().is_err());
-}
-
-#[test]
-fn sync_through_a_proxy_that_cuts_delays_and_duplicates() {
-    let a = Node::new();
-    let b = Node::new();
-    let base = chain(40);
-    a.store().insert_batch(base.clone()).unwrap();
-    a.store().insert_batch(tree("A", &base[39], 1500)).unwrap();
-    b.store().insert_batch(base[..10].to_vec()).unwrap();
-    b.store().insert_batch(tree("B", &base[5], 800)).unwrap();
-    let server = a.serve();
-    let proxy = FaultyProxy::start(server.addr(), 0xC0FFEE);
-    let client = Client::new(
-        &format!("http://{}", proxy.addr()),
-        ClientOptions {
-            batch: 97,
-            timeout: Duration::from_secs(10),
-            ..ClientOptions::default()
-        },
-    )
-    .unwrap();
-    let sb = b.store();
-    let mut failures = 0;
-    loop {
-        match client.sync(&sb, &SyncOptions::default(), &mut |_| {}) {
-            Ok(r) if r.held == 0 => break,
-            Ok(_) => {}
-            Err(Error::Transport { .. } | Error::Protocol { .. }) => failures += 1,
-            Err(e) => panic!("unexpected error: {e}"),
-        }
-        assert!(failures < 500, "the proxy never let a sync finish");
-        // A store that was mid-sync is always consistent.
-        assert_topological(&sb);
-    }
-    assert!(failures > 0, "the proxy injected no fault");
-    // Requests are replayed when their connection closes: close the client's.
-    drop(client);
-    wait_until(|| proxy.duplicated() > 0);
-    drop(sb);
-    assert_converged(&[&a, &b]);
-}
-
-#[test]
-fn a_follower_receives_new_facts_without_asking_again() {
-    let a = Node::new();
-    let server = a.serve();
-    let b = Node::new();
-    let stop = Arc::new(AtomicBool::new(false));
-    let url = server.url();
-    let db = b.db.clone();
-    let stop2 = stop.clone();
-    let follower = std::thread::spawn(move || {
-        let store = Store::open(&db).unwrap();
-        let client = Client::new(&url, ClientOptions::default()).unwrap();
         client
-            .follow(
-                &store,
-                &SyncOptions::default(),
-                Duration::from_secs(2),
-                &stop2,
-                &mut |_| {},
-            )
+            .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
             .unwrap();
-    });
-    let f = fact("Live", 1, &[]);
-    a.store().insert(&f).unwrap();
-    let sb = b.store();
-    wait_until(|| sb.get(&f.hash()).unwrap().is_some());
-    // And the other way: a fact written on the follower reaches the server.
-    let g = fact("Back", 2, &[f.hash()]);
-    b.store().insert(&g).unwrap();
-    let sa = a.store();
-    wait_until(|| sa.get(&g.hash()).unwrap().is_some());
-    stop.store(true, Ordering::Relaxed);
-    follower.join().unwrap();
-    assert_converged(&[&a, &b]);
-}
-
-#[test]
-fn info_digest_is_order_independent() {
-    let a = Node::new();
-    let b = Node::new();
-    let facts = chain(20);
-    a.store().insert_batch(facts.clone()).unwrap();
-    let mut rev = facts.clone();
-    rev.reverse();
-    for f in &rev {
-        b.store().insert(f).unwrap();
+        assert_converged(&[&a, &b]);
+        let anonymous = Client::new(&server.url(), ClientOptions::default()).unwrap();
+        let err = anonymous
+            .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
+            .unwrap_err();
+        assert!(matches!(err, Error::Remote { status: 401, .. }), "{err}");
+        assert!(
+            b.store()
+                .peer(&server.url())
+                .unwrap()
+                .unwrap()
+                .last_error
+                .is_some()
+        );
     }
-    let (sa, sb) = (a.serve(), b.serve());
-    let ia = Client::new(&sa.url(), ClientOptions::default())
-        .unwrap()
-        .info()
-        .unwrap();
-    let ib = Client::new(&sb.url(), ClientOptions::default())
-        .unwrap()
-        .info()
-        .unwrap();
-    assert_eq!((ia.count, &ia.digest), (ib.count, &ib.digest));
-    a.store().insert(&fact("More", 1, &[])).unwrap();
-    let ia2 = Client::new(&sa.url(), ClientOptions::default())
-        .unwrap()
-        .info()
-        .unwrap();
-    assert_eq!(ia2.count, 21);
-    assert_ne!(ia2.digest, ia.digest);
 }
 
-#[test]
-fn a_pull_page_is_exactly_the_release_order_after_the_bookmark() {
-    let a = Node::new();
-    let facts = chain(30);
-    a.store().insert_batch(facts.clone()).unwrap();
-    let server = a.serve();
-    let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
-    let page = client.pull_page(10, 5, Duration::ZERO, &[]).unwrap();
-    assert_eq!((page.through, page.max_seq), (15, 30));
-    let got: Vec<Vec<u8>> = page.records.into_iter().map(|r| r.unwrap()).collect();
-    let want: Vec<Vec<u8>> = facts[10..15]
-        .iter()
-        .map(|f| f.canonical_bytes().to_vec())
-        .collect();
-    assert_eq!(got, want);
-    let empty = client
-        .pull_page(30, 5, Duration::from_millis(100), &[])
+conformance! {
+    fn limits_answer_with_clear_errors_and_store_nothing(b: Backend) {
+        let a = Node::on(b);
+        let server = a.serve_with(|c| {
+            c.limits = Limits {
+                max_body_bytes: 4096,
+                max_facts_per_request: 10,
+                max_held_per_peer: 3,
+                ..Limits::default()
+            }
+        });
+        // Body over the byte limit.
+        let big: Vec<u8> = chain(400)
+            .iter()
+            .flat_map(|f| f.canonical_bytes().to_vec())
+            .collect();
+        assert!(big.len() > 4096);
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &big, None);
+        assert_eq!(
+            (status, json["error"].as_str()),
+            (413, Some("body_too_large"))
+        );
+        // Too many records.
+        let eleven: Vec<u8> = (0..11)
+            .flat_map(|i| fact("F", i, &[]).canonical_bytes().to_vec())
+            .collect();
+        assert!(eleven.len() <= 4096);
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &eleven, None);
+        assert_eq!(
+            (status, json["error"].as_str()),
+            (413, Some("too_many_facts"))
+        );
+        // Too many held for one peer: the whole push is refused.
+        let orphans: Vec<u8> = (0..4)
+            .flat_map(|i| {
+                fact("Orphan", i, &[FactHash([9; 32])])
+                    .canonical_bytes()
+                    .to_vec()
+            })
+            .collect();
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &orphans, None);
+        assert_eq!((status, json["error"].as_str()), (429, Some("held_limit")));
+        let three: Vec<u8> = (0..3)
+            .flat_map(|i| {
+                fact("Orphan", i, &[FactHash([9; 32])])
+                    .canonical_bytes()
+                    .to_vec()
+            })
+            .collect();
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &three, None);
+        assert_eq!(status, 200, "{json}");
+        assert_eq!(json["missing"][0], FactHash([9; 32]).to_string());
+        // Too many hashes in a fetch; a page larger than allowed.
+        let hashes: Vec<String> = (0..11).map(|i| FactHash([i; 32]).to_string()).collect();
+        let req = serde_json::json!({ "hashes": hashes }).to_string();
+        let (status, json) = http(&server, "POST", "/v1/fetch", JSON_CT, req.as_bytes(), None);
+        assert_eq!(
+            (status, json["error"].as_str()),
+            (413, Some("too_many_facts"))
+        );
+        let (status, _) = http(&server, "GET", "/v1/facts?limit=11", "", b"", None);
+        assert_eq!(status, 400);
+        let s = a.store();
+        assert_eq!(s.max_seq().unwrap(), 0);
+        assert_eq!(s.held_count().unwrap(), 3);
+        assert_eq!(s.quarantine_count().unwrap(), 0);
+    }
+}
+
+conformance! {
+    fn every_malformed_request_gets_a_json_error(backend: Backend) {
+        let a = Node::on(backend);
+        let server = a.serve();
+        // (method, path, content type, body, status, error code)
+        type Case<'a> = (&'a str, &'a str, &'a str, &'a [u8], u16, &'a str);
+        let cases: &[Case] = &[
+            ("GET", "/v1/facts?after=x", "", b"", 400, "bad_request"),
+            ("GET", "/v1/facts?after=-1", "", b"", 400, "bad_request"),
+            ("GET", "/v1/facts?limit=0", "", b"", 400, "bad_request"),
+            ("GET", "/v1/facts?color=red", "", b"", 400, "bad_request"),
+            ("GET", "/v1/facts?root=abc", "", b"", 400, "bad_request"),
+            (
+                "POST",
+                "/v1/facts",
+                "text/plain",
+                b"x",
+                415,
+                "unsupported_media_type",
+            ),
+            (
+                "POST",
+                "/v1/fetch",
+                CBOR,
+                b"{}",
+                415,
+                "unsupported_media_type",
+            ),
+            (
+                "POST",
+                "/v1/fetch",
+                JSON_CT,
+                b"not json",
+                400,
+                "bad_request",
+            ),
+            (
+                "POST",
+                "/v1/fetch",
+                JSON_CT,
+                br#"{"hashes":["zz"]}"#,
+                400,
+                "bad_request",
+            ),
+            ("GET", "/v2/facts", "", b"", 404, "not_found"),
+            ("DELETE", "/v1/facts", "", b"", 405, "method_not_allowed"),
+        ];
+        for (m, p, ct, body, want, code) in cases {
+            let (status, json) = http(&server, m, p, ct, body, None);
+            assert_eq!(status, *want, "{m} {p}: {json}");
+            assert_eq!(json["error"], *code, "{m} {p}: {json}");
+            assert!(json["message"].as_str().is_some_and(|m| !m.is_empty()));
+        }
+        // An empty push is fine and changes nothing.
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, b"", None);
+        assert_eq!((status, json["received"].as_u64()), (200, Some(0)));
+    }
+}
+
+conformance! {
+    fn a_slow_request_times_out_with_408(backend: Backend) {
+        let a = Node::on(backend);
+        let server = a.serve_with(|c| c.limits.request_timeout = Duration::from_millis(300));
+        let mut s = TcpStream::connect(server.addr()).unwrap();
+        // Promise a body and never send it.
+        write!(
+            s,
+            "POST /v1/facts HTTP/1.1\r\nhost: x\r\ncontent-type: application/cbor-seq\r\ncontent-length: 100\r\n\r\n"
+        )
         .unwrap();
-    assert_eq!((empty.through, empty.records.len()), (30, 0));
+        let (status, json) = read_response(&mut s);
+        assert_eq!((status, json["error"].as_str()), (408, Some("timeout")));
+    }
+}
+
+conformance! {
+    fn connections_over_the_limit_get_503(backend: Backend) {
+        let a = Node::on(backend);
+        let server = a.serve_with(|c| c.limits.max_connections = 2);
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(server.addr()).unwrap();
+            // A complete request keeps the connection open (keep-alive) and proves it is served.
+            write!(s, "GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+            let (status, _) = read_response(&mut s);
+            assert_eq!(status, 200);
+            held.push(s);
+        }
+        let mut extra = TcpStream::connect(server.addr()).unwrap();
+        write!(extra, "GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        let (status, json) = read_response(&mut extra);
+        assert_eq!(
+            (status, json["error"].as_str()),
+            (503, Some("too_many_connections"))
+        );
+        drop(held);
+    }
+}
+
+conformance_sync! {
+    fn tls_with_a_self_signed_certificate(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        a.store().insert_batch(chain(25)).unwrap();
+        let cert =
+            rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+        let cert_pem = cert.cert.pem();
+        let cert_path = a.dir.path().join("cert.pem");
+        let key_path = a.dir.path().join("key.pem");
+        std::fs::write(&cert_path, &cert_pem).unwrap();
+        std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+        let server = a.serve_with(|c| c.tls = Some((cert_path.clone(), key_path.clone())));
+        let url = format!("https://localhost:{}", server.addr().port());
+        let b = Node::on(client);
+        let trusting = Client::new(
+            &url,
+            ClientOptions {
+                ca_cert_pem: Some(cert_pem.into_bytes()),
+                ..ClientOptions::default()
+            },
+        )
+        .unwrap();
+        trusting
+            .sync(&b.store(), &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert_converged(&[&a, &b]);
+        let untrusting = Client::new(&url, ClientOptions::default()).unwrap();
+        let err = untrusting.health().unwrap_err();
+        assert!(matches!(err, Error::Transport { .. }), "{err}");
+        // Plain HTTP to the TLS port does not get an answer it could mistake for facts.
+        let plain = Client::new(&server.url(), ClientOptions::default()).unwrap();
+        assert!(plain.health().is_err());
+    }
+}
+
+conformance_sync! {
+    fn sync_through_a_proxy_that_cuts_delays_and_duplicates(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let b = Node::on(client);
+        let base = chain(40);
+        a.store().insert_batch(base.clone()).unwrap();
+        a.store().insert_batch(tree("A", &base[39], 1500)).unwrap();
+        b.store().insert_batch(base[..10].to_vec()).unwrap();
+        b.store().insert_batch(tree("B", &base[5], 800)).unwrap();
+        let server = a.serve();
+        let proxy = FaultyProxy::start(server.addr(), 0xC0FFEE);
+        let client = Client::new(
+            &format!("http://{}", proxy.addr()),
+            ClientOptions {
+                batch: 97,
+                timeout: Duration::from_secs(10),
+                ..ClientOptions::default()
+            },
+        )
+        .unwrap();
+        let sb = b.store();
+        let mut failures = 0;
+        loop {
+            match client.sync(&sb, &SyncOptions::default(), &mut |_| {}) {
+                Ok(r) if r.held == 0 => break,
+                Ok(_) => {}
+                Err(Error::Transport { .. } | Error::Protocol { .. }) => failures += 1,
+                Err(e) => panic!("unexpected error: {e}"),
+            }
+            assert!(failures < 500, "the proxy never let a sync finish");
+            // A store that was mid-sync is always consistent.
+            assert_topological(&sb);
+        }
+        assert!(failures > 0, "the proxy injected no fault");
+        // Requests are replayed when their connection closes: close the client's.
+        drop(client);
+        wait_until(|| proxy.duplicated() > 0);
+        drop(sb);
+        assert_converged(&[&a, &b]);
+    }
+}
+
+conformance_sync! {
+    fn a_follower_receives_new_facts_without_asking_again(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let server = a.serve();
+        let b = Node::on(client);
+        let stop = Arc::new(AtomicBool::new(false));
+        let url = server.url();
+        let db = b.db.clone();
+        let stop2 = stop.clone();
+        let follower = std::thread::spawn(move || {
+            let store = Store::open(&db).unwrap();
+            let client = Client::new(&url, ClientOptions::default()).unwrap();
+            client
+                .follow(
+                    &store,
+                    &SyncOptions::default(),
+                    Duration::from_secs(2),
+                    &stop2,
+                    &mut |_| {},
+                )
+                .unwrap();
+        });
+        let f = fact("Live", 1, &[]);
+        a.store().insert(&f).unwrap();
+        let sb = b.store();
+        wait_until(|| sb.get(&f.hash()).unwrap().is_some());
+        // And the other way: a fact written on the follower reaches the server.
+        let g = fact("Back", 2, &[f.hash()]);
+        b.store().insert(&g).unwrap();
+        let sa = a.store();
+        wait_until(|| sa.get(&g.hash()).unwrap().is_some());
+        stop.store(true, Ordering::Relaxed);
+        follower.join().unwrap();
+        assert_converged(&[&a, &b]);
+    }
+}
+
+conformance_sync! {
+    fn info_digest_is_order_independent(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let b = Node::on(client);
+        let facts = chain(20);
+        a.store().insert_batch(facts.clone()).unwrap();
+        let mut rev = facts.clone();
+        rev.reverse();
+        for f in &rev {
+            b.store().insert(f).unwrap();
+        }
+        let (sa, sb) = (a.serve(), b.serve());
+        let ia = Client::new(&sa.url(), ClientOptions::default())
+            .unwrap()
+            .info()
+            .unwrap();
+        let ib = Client::new(&sb.url(), ClientOptions::default())
+            .unwrap()
+            .info()
+            .unwrap();
+        assert_eq!((ia.count, &ia.digest), (ib.count, &ib.digest));
+        a.store().insert(&fact("More", 1, &[])).unwrap();
+        let ia2 = Client::new(&sa.url(), ClientOptions::default())
+            .unwrap()
+            .info()
+            .unwrap();
+        assert_eq!(ia2.count, 21);
+        assert_ne!(ia2.digest, ia.digest);
+    }
+}
+
+conformance! {
+    fn a_pull_page_is_exactly_the_release_order_after_the_bookmark(b: Backend) {
+        let a = Node::on(b);
+        let facts = chain(30);
+        a.store().insert_batch(facts.clone()).unwrap();
+        let server = a.serve();
+        let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
+        let page = client.pull_page(10, 5, Duration::ZERO, &[]).unwrap();
+        assert_eq!((page.through, page.max_seq), (15, 30));
+        let got: Vec<Vec<u8>> = page.records.into_iter().map(|r| r.unwrap()).collect();
+        let want: Vec<Vec<u8>> = facts[10..15]
+            .iter()
+            .map(|f| f.canonical_bytes().to_vec())
+            .collect();
+        assert_eq!(got, want);
+        let empty = client
+            .pull_page(30, 5, Duration::from_millis(100), &[])
+            .unwrap();
+        assert_eq!((empty.through, empty.records.len()), (30, 0));
+    }
 }
 
 fn wait_until(mut ok: impl FnMut() -> bool) {
@@ -803,6 +823,7 @@ fn find(h: &[u8], n: &[u8]) -> Option<usize> {
     h.windows(n.len()).position(|w| w == n)
 }
 
+/// SQLite only: the lock is SQLite's (another connection's write transaction).
 #[test]
 fn a_locked_database_answers_503_busy_and_stores_nothing() {
     let a = Node::new();
@@ -825,6 +846,7 @@ fn a_locked_database_answers_503_busy_and_stores_nothing() {
     assert_eq!(a.store().max_seq().unwrap(), 1);
 }
 
+/// SQLite only: the row is damaged with SQLite alone.
 #[test]
 fn a_corrupt_row_answers_500_internal_with_a_json_message() {
     let a = Node::new();

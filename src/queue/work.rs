@@ -968,7 +968,8 @@ fn backfill(w: &mut Writer<'_>, spec: &QueueSpec, id: i64) -> Result<()> {
     type_ids.sort_unstable();
     type_ids.dedup();
     if type_ids.is_empty() {
-        // No fact of these types is stored (and `IN ()` is SQLite's alone).
+        // No fact of these types yet: nothing to back-fill (and PostgreSQL refuses an
+        // empty `IN ()`, which SQLite takes as matching nothing).
         return Ok(());
     }
     let list = type_ids

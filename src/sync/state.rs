@@ -567,10 +567,11 @@ impl Writer<'_> {
     pub fn note_held_origin(&mut self, peer: &str, hashes: &[FactHash]) -> Result<u64> {
         let tx = self.sql();
         for h in hashes {
+            // The prefix as a parameter of its own: PostgreSQL takes `substr(?1, 1, 8)`
+            // for text and refuses to compare it with bytea.
             let held = tx.exists(
-                // `hash = ?1` first: PostgreSQL types the parameter where it first meets it.
-                "SELECT 1 FROM held WHERE hash = ?1 AND substr(hash, 1, 8) = substr(?1, 1, 8)",
-                args![h],
+                "SELECT 1 FROM held WHERE substr(hash, 1, 8) = ?2 AND hash = ?1",
+                args![h, &h.0[..8]],
             )?;
             if held {
                 tx.execute(

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod backend;
 #[cfg(feature = "cli")]
 pub mod bin;
 pub mod db;

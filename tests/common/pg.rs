@@ -194,7 +194,11 @@ extern "C" fn stop_at_exit() {
     if pid > 0 {
         stop_pid(pid);
     }
-    if let Some(dir) = DIR.get() {
+    // PRECEDENT_PG_KEEP keeps the folder (and the server's log, with every failed
+    // statement) for a look after a failure.
+    if let Some(dir) = DIR.get()
+        && std::env::var_os("PRECEDENT_PG_KEEP").is_none()
+    {
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -15,21 +15,38 @@ use precedent::sync::client::{Client, ClientOptions, SyncOptions};
 use precedent::sync::server::{Running, ServerConfig};
 use precedent::{Fact, FactHash, Store};
 
+use crate::common::backend::{Backend, TestDb};
+
 pub const CBOR: &str = "application/cbor-seq";
 pub const JSON_CT: &str = "application/json";
 
-/// A node: a database file in a temporary directory.
+/// A node: a database file in a temporary directory, or a PostgreSQL database (then the
+/// directory holds only what a test puts there, such as certificates).
 pub struct Node {
     pub dir: tempfile::TempDir,
+    /// The SQLite file's path or the PostgreSQL URL.
     pub db: PathBuf,
+    _pg: Option<TestDb>,
 }
 
 impl Node {
+    /// A node on SQLite.
     pub fn new() -> Node {
+        Node::on(Backend::Sqlite)
+    }
+
+    /// A node on backend `b`, its database created.
+    pub fn on(b: Backend) -> Node {
         let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("node.db");
+        let (db, pg) = match b {
+            Backend::Sqlite => (dir.path().join("node.db"), None),
+            Backend::Postgres => {
+                let pg = b.db();
+                (pg.location.clone(), Some(pg))
+            }
+        };
         Store::open(&db).unwrap();
-        Node { dir, db }
+        Node { dir, db, _pg: pg }
     }
 
     pub fn store(&self) -> Store {

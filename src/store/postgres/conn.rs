@@ -9,7 +9,7 @@ use postgres::{Client, Statement};
 
 use super::PgBackend;
 use super::errors::backend;
-use super::params::{PgArg, Raw, rewrite, value};
+use super::params::{PgArg, Raw, rewrite_used, value};
 use crate::error::{BackendError, BackendErrorKind, Error, Result};
 use crate::store::backend::{Arg, Dialect, Row, RowSource, Sql, ValueRef};
 
@@ -222,11 +222,23 @@ fn with_args<T>(args: &[Arg<'_>], f: impl FnOnce(Params<'_>) -> T) -> T {
     f(&params)
 }
 
+/// Client SQL (portable `?N` text) as PostgreSQL's, with the arguments of the
+/// parameters it uses, renumbered (see [`rewrite_used`]).
+fn used_args<'a>(sql: &str, args: &[Arg<'a>]) -> (String, Vec<Arg<'a>>) {
+    let (text, order) = rewrite_used(sql);
+    let used = order
+        .iter()
+        .map(|&n| args.get(n - 1).copied().unwrap_or(Arg::Null))
+        .collect();
+    (text, used)
+}
+
 impl Tx<'_> {
     /// Runs client SQL (portable `?N` text) with the seam's arguments.
     pub(crate) fn client_rows(&self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<postgres::Row>> {
-        with_args(args, |p| {
-            self.run(&rewrite(sql), Some(args), p, |c, s, p| c.query(s, p))
+        let (text, args) = used_args(sql, args);
+        with_args(&args, |p| {
+            self.run(&text, Some(&args), p, |c, s, p| c.query(s, p))
         })
     }
 }
@@ -237,8 +249,9 @@ impl Sql for Tx<'_> {
     }
 
     fn execute(&self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
-        with_args(args, |p| {
-            self.run(&rewrite(sql), Some(args), p, |c, s, p| c.execute(s, p))
+        let (text, args) = used_args(sql, args);
+        with_args(&args, |p| {
+            self.run(&text, Some(&args), p, |c, s, p| c.execute(s, p))
         })
     }
 

@@ -70,12 +70,11 @@ pub struct PostgresBackend {
 pub(crate) type PgBackend = PostgresBackend;
 
 impl Drop for PostgresBackend {
+    /// Closes the idle connections on a thread of their own: the blocking client closes
+    /// on a runtime of its own, which panics inside an async runtime ("Cannot start a
+    /// runtime from within a runtime"), where a sync server drops its store.
     fn drop(&mut self) {
-        // A client closes its connection by running its own runtime, which cannot start
-        // on a thread that runs an async runtime already (a server's last reference to
-        // its store may go there): the idle connections are closed on a thread of their
-        // own.
-        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
+        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner()));
         if !idle.is_empty() {
             let _ = std::thread::spawn(move || drop(idle)).join();
         }

@@ -16,7 +16,41 @@ type BoxError = Box<dyn StdError + Sync + Send>;
 /// quoted identifiers, dollar-quoted bodies and comments are copied as they are. A `+`
 /// before `?N` is dropped only where it is unary (after an operator, a parenthesis, a
 /// comma or a keyword); `a+?1` stays an addition.
+#[cfg(test)]
 pub(crate) fn rewrite(sql: &str) -> String {
+    rewrite_numbered(sql, &mut |n| n)
+}
+
+/// [`rewrite`], with the parameters the text uses renumbered `$1..$k` in the order of
+/// their numbers; returns the text and, for each new number, the old one. PostgreSQL
+/// cannot prepare a statement with a parameter it never sees (`could not determine data
+/// type of parameter $3`), where SQLite leaves an unused `?3` alone: the query compiler
+/// numbers its arguments per step and some steps use only some of them.
+pub(crate) fn rewrite_used(sql: &str) -> (String, Vec<usize>) {
+    let mut used = std::collections::BTreeSet::new();
+    let text = rewrite_numbered(sql, &mut |n| {
+        used.insert(n);
+        n
+    });
+    let order: Vec<usize> = used.into_iter().collect();
+    if order.iter().enumerate().all(|(i, &n)| n == i + 1) {
+        return (text, order);
+    }
+    let text = rewrite_numbered(sql, &mut |n| order.binary_search(&n).map_or(n, |i| i + 1));
+    (text, order)
+}
+
+/// Pushes `$` and the parameter number `digits` as `number` renumbers it.
+fn push_number(out: &mut String, digits: &str, number: &mut dyn FnMut(usize) -> usize) {
+    out.push('$');
+    match digits.parse::<usize>() {
+        Ok(n) => out.push_str(&number(n).to_string()),
+        Err(_) => out.push_str(digits),
+    }
+}
+
+/// [`rewrite`], each `?N` (or `$N`) becoming `$` and `number(N)`.
+fn rewrite_numbered(sql: &str, number: &mut dyn FnMut(usize) -> usize) -> String {
     let b = sql.as_bytes();
     let mut out = String::with_capacity(sql.len() + 8);
     let mut i = 0;
@@ -30,6 +64,14 @@ pub(crate) fn rewrite(sql: &str) -> String {
             }
             b'/' if b.get(i + 1) == Some(&b'*') => {
                 i = sql[i + 2..].find("*/").map_or(b.len(), |n| i + 2 + n + 2);
+            }
+            // Text already in PostgreSQL's `$N` (the query compiler's): renumbered too.
+            b'$' if b.get(i + 1).is_some_and(u8::is_ascii_digit) => {
+                let digits = b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+                out.push_str(&sql[from..i]);
+                push_number(&mut out, &sql[i + 1..i + 1 + digits], number);
+                i += 1 + digits;
+                from = i;
             }
             b'$' if dollar_tag(b, i).is_some() => {
                 let tag = dollar_tag(b, i).unwrap_or_default();
@@ -45,8 +87,7 @@ pub(crate) fn rewrite(sql: &str) -> String {
                     start = i - 1;
                 }
                 out.push_str(&sql[from..start]);
-                out.push('$');
-                out.push_str(&sql[i + 1..i + 1 + digits]);
+                push_number(&mut out, &sql[i + 1..i + 1 + digits], number);
                 i += 1 + digits;
                 from = i;
             }
@@ -349,11 +390,24 @@ fn numeric_value(raw: &[u8]) -> Result<ValueRef<'static>, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::rewrite;
+    use super::{rewrite, rewrite_used};
 
     #[test]
     fn parameters_are_rewritten_outside_literals() {
         assert_eq!(rewrite("SELECT ?1, ?12"), "SELECT $1, $12");
+        // Only the parameters used, renumbered, with their old numbers.
+        assert_eq!(
+            rewrite_used("WHERE a = ?2 AND b = ?1 AND c = ?5 AND '?3' = ?5"),
+            (
+                "WHERE a = $2 AND b = $1 AND c = $3 AND '?3' = $3".into(),
+                vec![1, 2, 5]
+            )
+        );
+        assert_eq!(rewrite_used("SELECT ?1, ?2").1, vec![1, 2]);
+        assert_eq!(
+            rewrite_used("WHERE a = $4 AND b = $2"),
+            ("WHERE a = $2 AND b = $1".into(), vec![2, 4])
+        );
         assert_eq!(rewrite("WHERE seq > +?1"), "WHERE seq > $1");
         assert_eq!(rewrite("SELECT a+?1"), "SELECT a+$1");
         assert_eq!(rewrite("SELECT (+?2)"), "SELECT ($2)");

@@ -143,9 +143,9 @@ impl Server {
     /// [`Error::Io`] if the address cannot be bound; [`Error::SyncConfig`] for bad TLS
     /// files; store errors from opening the database.
     pub async fn bind(config: ServerConfig) -> Result<Server> {
-        // Opened on a blocking thread, as every later use of the store is: a backend may
-        // block on its own I/O (PostgreSQL's client runs a runtime of its own, which
-        // cannot start inside this one).
+        // On a blocking thread: PostgreSQL's blocking client runs a runtime of its own,
+        // which may not start inside this one ("Cannot start a runtime from within a
+        // runtime"), and opening may wait on the database anyway.
         let (db, options) = (config.db.clone(), config.store_options.clone());
         let (store, store_id) = tokio::task::spawn_blocking(move || -> Result<_> {
             let store = Store::open_with(&db, options)?;
@@ -154,7 +154,7 @@ impl Server {
         })
         .await
         .map_err(|e| Error::SyncConfig {
-            reason: format!("opening the store failed: {e}"),
+            reason: format!("opening the database panicked: {e}"),
         })??;
         let tls = match &config.tls {
             Some((cert, key)) => Some(tls_acceptor(cert, key)?),
