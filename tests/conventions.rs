@@ -87,7 +87,13 @@ impl Serve {
     fn stop(mut self) -> Vec<String> {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         assert!(self.child.wait().unwrap().success());
-        self.lines.try_iter().collect()
+        // The reader thread may still be passing on the last lines when the child is
+        // reaped: read until it ends (at the pipe's end), for at most 10 s per line.
+        let mut rest = Vec::new();
+        while let Some(line) = self.next_line() {
+            rest.push(line);
+        }
+        rest
     }
 }
 
