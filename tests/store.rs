@@ -328,11 +328,6 @@ fn held_facts_of_a_version_3_database_release_after_migration() {
 }
 
 conformance! {
-    // FIXME(postgres): ancestors_of_a_chain_of_100_000_facts does not finish on
-    // PostgreSQL: `ancestors`' `WITH RECURSIVE up(seq) AS (... UNION SELECT e.predecessor
-    // FROM edge e JOIN up ...)` (src/store/postgres/read.rs) ran 11 minutes without
-    // returning, where SQLite takes well under a second.
-    @sqlite_only
     fn ancestors_of_a_chain_of_100_000_facts(b: Backend) {
         let s = b.store();
         let facts = chain(100_000);

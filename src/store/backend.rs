@@ -46,6 +46,28 @@ impl Dialect {
         }
     }
 
+    /// Statements to run before and after a recursive walk of the `edge` table (ancestors,
+    /// descendants, a sync scope), or `None` where none are needed.
+    ///
+    /// Each step of such a walk starts from a few rows, so the right plan is an index
+    /// lookup per row. SQLite always plans it so. PostgreSQL plans the recursive step
+    /// once for the whole walk from the table's statistics, and with none yet (a table
+    /// just loaded, before autovacuum has analysed it) it picks a merge or hash join that
+    /// reads all of `edge` at every step: a chain of 100,000 facts then takes hours. The
+    /// settings make it look rows up by index for this transaction only, and put back the
+    /// server's own after the walk. JIT compilation is turned off with them: it cost more
+    /// than the walk itself on every size measured (docs/design.md, "Recursive walks").
+    pub fn recursive_walk(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Dialect::Sqlite => None,
+            Dialect::Postgres => Some((
+                "SET LOCAL enable_mergejoin = off; SET LOCAL enable_hashjoin = off; \
+                 SET LOCAL jit = off",
+                "RESET enable_mergejoin; RESET enable_hashjoin; RESET jit",
+            )),
+        }
+    }
+
     /// The function reading a field of a fact's canonical bytes as a sortable value:
     /// `(bytes, field) -> value`.
     pub fn field_value(self) -> &'static str {

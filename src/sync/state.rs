@@ -184,7 +184,11 @@ impl Store {
                 }
                 _ => "SELECT value FROM json_each(?1)",
             };
-            r.query_vec(
+            let walk = r.dialect().recursive_walk();
+            if let Some((before, _)) = walk {
+                r.batch(before)?;
+            }
+            let seqs = r.query_vec(
                 &format!(
                     "WITH RECURSIVE
                    root(seq) AS ({roots}),
@@ -196,7 +200,11 @@ impl Store {
                 ),
                 args![&roots_json, after, upto, limit as i64],
                 |r| r.get(0),
-            )
+            )?;
+            if let Some((_, after)) = walk {
+                r.batch(after)?;
+            }
+            Ok(seqs)
         })
     }
 

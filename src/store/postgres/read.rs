@@ -5,7 +5,7 @@ use super::conn::Tx;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::{FactHash, HashPrefix};
-use crate::store::backend::{Arg, EachReleased, ReadTx};
+use crate::store::backend::{Arg, Dialect, EachReleased, ReadTx};
 use crate::store::{HeldFact, Stats, StoredFact, VerifyReport};
 
 /// Rows read per statement by the reads that walk the whole table (export, by type), so
@@ -132,10 +132,17 @@ impl ReadTx for Tx<'_> {
                  UNION SELECT e.successor FROM edge e JOIN down ON e.predecessor = down.seq)
              SELECT f.hash FROM down JOIN fact f ON f.seq = down.seq ORDER BY f.seq"
         };
-        self.rows(sql, &[&seq])?
+        let (before, after) = Dialect::Postgres
+            .recursive_walk()
+            .expect("PostgreSQL walks with settings");
+        self.simple(before)?;
+        let hashes = self
+            .rows(sql, &[&seq])?
             .iter()
             .map(|r| hash_at(r, 0))
-            .collect()
+            .collect();
+        self.simple(after)?;
+        hashes
     }
 
     fn for_each_of_type(&self, type_id: i64, f: &mut dyn FnMut(Fact) -> Result<()>) -> Result<()> {
