@@ -161,6 +161,13 @@ impl Writer<'_> {
             if rows.is_empty() {
                 break;
             }
+            // On PostgreSQL the leases of one read are written by one statement, a round
+            // trip for the read's rows instead of one per row (SQLite runs each in
+            // process). Not for at-most-once queues, where each lease's delivery fact is
+            // written right after its lease.
+            let together = self.sql().dialect() == Dialect::Postgres
+                && q.spec.semantics == Semantics::AtLeastOnce;
+            let mut batch: Vec<(i64, i64)> = Vec::new();
             for (seq, state, attempts, first, fact) in rows {
                 let input = input_from(q, seq, fact)?;
                 let out_of_attempts = attempts >= q.spec.retry.max_attempts as i64;
@@ -178,10 +185,16 @@ impl Writer<'_> {
                 let token = rng(self, |r| r.i64(..));
                 let expires = now + q.spec.lease_ms;
                 self.state::<QueueTx>().item_updates += 1;
-                self.sql()
-                    .execute(concat!("UPDATE queue_item SET state = ", state_code!(Leased), ", attempts = attempts + 1,
+                if together {
+                    batch.push((seq, token));
+                } else {
+                    self.sql().execute(
+                        concat!("UPDATE queue_item SET state = ", state_code!(Leased), ", attempts = attempts + 1,
                              first_attempt_at = coalesce(first_attempt_at, ?3), lease_token = ?4, claimable_at = ?5
-                         WHERE queue_id = ?1 AND input = ?2"), args![q.id, seq, now, token, expires])?;
+                         WHERE queue_id = ?1 AND input = ?2"),
+                        args![q.id, seq, now, token, expires],
+                    )?;
+                }
                 let completion = completion.clone();
                 if q.spec.semantics == Semantics::AtMostOnce {
                     let delivered = Fact::builder(system::DELIVERED)
@@ -202,6 +215,21 @@ impl Writer<'_> {
                     token,
                     completion,
                 });
+            }
+            if !batch.is_empty() {
+                let (inputs, tokens): (Vec<i64>, Vec<i64>) = batch.into_iter().unzip();
+                let json = |v: &[i64]| serde_json::to_string(v).expect("integers serialise");
+                self.sql().execute(
+                    concat!("UPDATE queue_item SET state = ", state_code!(Leased), ", attempts = attempts + 1,
+                         first_attempt_at = coalesce(first_attempt_at, ?2), lease_token = u.token,
+                         claimable_at = ?3
+                     FROM (SELECT CAST(i.value AS BIGINT) AS input, CAST(t.value AS BIGINT) AS token
+                           FROM jsonb_array_elements_text(CAST(?4 AS jsonb)) WITH ORDINALITY AS i(value, n)
+                           JOIN jsonb_array_elements_text(CAST(?5 AS jsonb)) WITH ORDINALITY AS t(value, n)
+                             ON t.n = i.n) AS u
+                     WHERE queue_id = ?1 AND queue_item.input = u.input"),
+                    args![q.id, now, now + q.spec.lease_ms, &json(&inputs), &json(&tokens)],
+                )?;
             }
         }
         Ok(leases)
@@ -374,17 +402,6 @@ impl LeaseCheck {
         leases: &[Lease],
     ) -> Result<LeaseCheck> {
         let mut held = vec![false; leases.len()];
-        if w.sql().dialect() == Dialect::Postgres {
-            // Each lease is checked when its turn comes, locking its row (`FOR UPDATE`)
-            // until the commit: claims in other transactions run beside this one there,
-            // and a read of the batch's whole range would wait on their rows.
-            let qtx = w.state::<QueueTx>();
-            return Ok(LeaseCheck {
-                held,
-                item_updates: qtx.item_updates,
-                ended: qtx.ended.len(),
-            });
-        }
         let at_least_once = |l: &Lease| {
             defs.by_name(&l.queue)
                 .is_some_and(|q| q.id == l.queue_id && q.spec.semantics == Semantics::AtLeastOnce)
@@ -402,6 +419,34 @@ impl LeaseCheck {
                     .iter()
                     .filter(|l| l.queue_id == queue && at_least_once(l))
             };
+            if w.sql().dialect() == Dialect::Postgres {
+                // Claims in other transactions run beside this one there, and a read of
+                // the batch's whole range would wait on their rows: the batch's own rows
+                // are read by input, and locked (`FOR UPDATE`, in input order) until the
+                // commit, so that what this finds holds to the end of the batch. One
+                // round trip for the batch instead of one per lease.
+                let mut inputs: Vec<i64> = mine().map(|l| l.seq).collect();
+                inputs.sort_unstable();
+                inputs.dedup();
+                let list = serde_json::to_string(&inputs).expect("integers serialise");
+                let rows: Vec<(i64, i64, Option<i64>)> = w.sql().query_vec(
+                    "SELECT input, state, lease_token FROM queue_item
+                     WHERE queue_id = ?1 AND input IN (
+                         SELECT CAST(value AS BIGINT)
+                         FROM jsonb_array_elements_text(CAST(?2 AS jsonb)))
+                     ORDER BY input FOR UPDATE",
+                    args![queue, &list],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )?;
+                for (at, l) in leases.iter().enumerate() {
+                    if l.queue_id == queue && at_least_once(l) {
+                        held[at] = rows.binary_search_by_key(&l.seq, |r| r.0).is_ok_and(|i| {
+                            rows[i].1 == ItemState::Leased.code() && rows[i].2 == Some(l.token)
+                        });
+                    }
+                }
+                continue;
+            }
             let (count, low, high) = mine().fold((0, i64::MAX, i64::MIN), |(n, lo, hi), l| {
                 (n + 1, lo.min(l.seq), hi.max(l.seq))
             });
