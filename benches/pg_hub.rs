@@ -41,7 +41,6 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, NoTls};
 use precedent::query::{Givens, Query};
-use precedent::queue::{Completion, QueueSpec};
 use precedent::store::Durability;
 use precedent::{Fact, FactHash, Store, StoreOptions};
 use serde_json::{Value as Json, json};
@@ -49,6 +48,10 @@ use serde_json::{Value as Json, json};
 #[allow(dead_code)]
 #[path = "../tests/common/pg.rs"]
 mod pg;
+#[path = "common/shop.rs"]
+mod shop_facts;
+
+use shop_facts::{order, shipment, shipped, shop, spec};
 
 const QUERY_TARGET_MS: f64 = 5.0;
 const THROUGHPUT_TARGET: f64 = 10_000.0;
@@ -70,50 +73,6 @@ fn options() -> StoreOptions {
         busy_timeout: Duration::from_secs(60),
         ..StoreOptions::default()
     }
-}
-
-fn shop(i: usize) -> Fact {
-    Fact::builder("Shop")
-        .field("name", format!("shop-{i}"))
-        .build()
-        .unwrap()
-}
-
-fn order(shop: &Fact, i: usize, id: usize) -> Fact {
-    Fact::builder("Shop.Order")
-        .field("id", id as i64)
-        .field("total", (id % 97) as f64 + 0.5)
-        .predecessor("shop", shop.hash())
-        .field("shop_index", i as i64)
-        .build()
-        .unwrap()
-}
-
-fn shipment(order: &Fact) -> Fact {
-    Fact::builder("Shop.Shipment")
-        .field("carrier", "post")
-        .predecessor("order", order.hash())
-        .build()
-        .unwrap()
-}
-
-fn shipped(order: &FactHash) -> Fact {
-    Fact::builder("Shop.Shipped")
-        .field("by", "bench")
-        .predecessor("order", *order)
-        .build()
-        .unwrap()
-}
-
-fn spec() -> QueueSpec {
-    QueueSpec::new(
-        "ship",
-        "Shop.Order",
-        vec![Completion {
-            type_name: "Shop.Shipped".into(),
-            role: "order".into(),
-        }],
-    )
 }
 
 const ONE_STORE: &str = "given s: Shop

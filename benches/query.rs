@@ -27,36 +27,16 @@ use precedent::{Fact, FactHash, Store, StoreOptions};
 use rusqlite::{Connection, OpenFlags, params};
 use serde_json::json;
 
+#[path = "common/shop.rs"]
+mod shop_facts;
+
+use shop_facts::{order, shipment, shop};
+
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.replace('_', "").parse().ok())
         .unwrap_or(default)
-}
-
-fn shop(i: usize) -> Fact {
-    Fact::builder("Shop")
-        .field("name", format!("shop-{i}"))
-        .build()
-        .unwrap()
-}
-
-fn order(shop: &Fact, i: usize, id: usize) -> Fact {
-    Fact::builder("Shop.Order")
-        .field("id", id as i64)
-        .field("total", (id % 97) as f64 + 0.5)
-        .predecessor("shop", shop.hash())
-        .field("shop_index", i as i64)
-        .build()
-        .unwrap()
-}
-
-fn shipment(order: &Fact) -> Fact {
-    Fact::builder("Shop.Shipment")
-        .field("carrier", "post")
-        .predecessor("order", order.hash())
-        .build()
-        .unwrap()
 }
 
 /// Builds the store unless a complete one is already there; returns the shops' hashes.

@@ -33,11 +33,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use precedent::queue::{Completion, QueueSpec};
 use precedent::store::Durability;
 use precedent::{Fact, Store, StoreOptions};
 use rusqlite::{Connection, TransactionBehavior, params};
 use serde_json::{Value as Json, json};
+
+#[path = "common/shop.rs"]
+mod shop_facts;
+
+use shop_facts::{shipped, spec};
 
 const SCHEMA: &[&str] = &[
     include_str!("../schema/001_initial.sql"),
@@ -82,25 +86,6 @@ fn order(shop: &Fact, i: u64) -> Fact {
         .predecessor("shop", shop.hash())
         .build()
         .unwrap()
-}
-
-fn shipped(order: &precedent::FactHash) -> Fact {
-    Fact::builder("Shop.Shipped")
-        .field("by", "bench")
-        .predecessor("order", *order)
-        .build()
-        .unwrap()
-}
-
-fn spec() -> QueueSpec {
-    QueueSpec::new(
-        "ship",
-        "Shop.Order",
-        vec![Completion {
-            type_name: "Shop.Shipped".into(),
-            role: "order".into(),
-        }],
-    )
 }
 
 /// Stores a shop and orders `from..to` (and, with `done`, their completions), in chunks.
