@@ -23,8 +23,8 @@
 //!
 //! The cluster: `PRECEDENT_BENCH_PG_URL` names a database on a server of your own (it
 //! is emptied); otherwise the bench starts a throwaway cluster as the tests do
-//! (`tests/common/pg.rs`: `fsync=off`, `synchronous_commit=off`), which makes commits
-//! cheaper than on a durable server for both sides alike.
+//! (`tests/common/pg.rs`), but with initdb's settings (fsync and synchronous commit on)
+//! instead of the tests' (both off).
 //!
 //! Settings, from the environment: `PRECEDENT_BENCH_STORES` (1,000),
 //! `PRECEDENT_BENCH_ORDERS` (orders per store, 530), `PRECEDENT_BENCH_PG_HISTORY`
@@ -109,9 +109,13 @@ fn new_db(name: &str) -> Db {
                 url: format!("{}/{db}", &base[..at]),
             }
         }
-        Err(_) => Db {
-            url: pg::db().expect("PostgreSQL is installed").url,
-        },
+        Err(_) => {
+            // initdb's settings: fsync and synchronous commit on, as a durable server has.
+            pg::use_settings(&[]);
+            Db {
+                url: pg::db().expect("PostgreSQL is installed").url,
+            }
+        }
     }
 }
 

@@ -204,6 +204,40 @@ fn a_savepoint_rolled_back_undoes_its_facts_and_numbers() {
 }
 
 #[test]
+fn a_type_id_seen_only_by_a_rolled_back_writer_is_not_remembered() {
+    let Some(db) = pg::db() else { return };
+    let (a, b) = (open(&db), open(&db));
+    let first = fact("T.New", 1, &[]);
+    // A writes a fact of a new type and looks its id up, then rolls back: the id it saw
+    // was never committed.
+    let seen: precedent::Result<()> = a.write(|w| {
+        w.insert(&first)?;
+        assert!(w.sql().name_id(false, "T.New")?.is_some());
+        Err(Error::InvalidFact {
+            reason: "roll back".into(),
+        })
+    });
+    assert!(seen.is_err());
+    // B makes the type again (a new id: identities are not given back), and A's reads,
+    // which remember ids they find, must find B's.
+    let second = fact("T.New", 2, &[]);
+    b.insert(&second).unwrap();
+    let found = a
+        .query_text("match t: T.New select hash(t)", &Default::default())
+        .unwrap();
+    assert_eq!(
+        found.len(),
+        1,
+        "A's query used the id of the rolled-back type"
+    );
+    // Found by a read, the id is remembered; the next query answers the same.
+    let again = a
+        .query_text("match t: T.New select hash(t)", &Default::default())
+        .unwrap();
+    assert_eq!(again.len(), 1);
+}
+
+#[test]
 fn verify_rehashes_every_row() {
     let Some(db) = pg::db() else { return };
     let store = open(&db);

@@ -33,12 +33,20 @@ impl NameCache {
         m[role as usize].get(name).copied()
     }
 
-    /// The id of `name` if some fact uses it; never makes one.
+    /// The id of `name` if some fact uses it; never makes one. An id a read-only
+    /// transaction finds was committed, so it is cached: a process that only reads (a
+    /// query server) asks for each name once, not at every query. A write transaction
+    /// may find an id it made itself and has not committed, which is not cached here.
     pub(crate) fn find(&self, tx: &Tx<'_>, role: IsRole, name: &str) -> Result<Option<i64>> {
         if let Some(id) = self.get(role, name) {
             return Ok(Some(id));
         }
-        Ok(tx.row(select(role), &[&name])?.map(|r| r.get(0)))
+        let id: Option<i64> = tx.row(select(role), &[&name])?.map(|r| r.get(0));
+        if let (Some(id), true) = (id, tx.read_only) {
+            let mut m = self.0.write().unwrap_or_else(|e| e.into_inner());
+            m[role as usize].insert(name.to_string(), id);
+        }
+        Ok(id)
     }
 
     pub(crate) fn commit(&self, fresh: Fresh) {

@@ -1,0 +1,342 @@
+//! Peer benchmark: `precedent serve` on PostgreSQL against Jinaga's server on PostgreSQL,
+//! end to end over HTTP on 127.0.0.1, on the same workload in the same run.
+//!
+//! The workload is the peer's (its `bench.js`): one `Bench.Store`, N `Bench.Order`s naming
+//! it (`id` text, `total` float, `note` text), and a `Bench.OrderShipped` for every
+//! second order: 1.5 N + 1 facts. "Pending orders" are the orders of the store with no
+//! shipment (N / 2).
+//!
+//! Ours, `RUNS` times, each on a fresh database: `precedent --db postgres://... serve`;
+//! the facts posted in the JSON form (`POST /v1/facts`, `application/json`), 1,000 a
+//! request one after another, orders first (the peer sends the same chunks, each with
+//! the closure of its predecessors); then the pending orders asked twice as hashes
+//! (`POST /v1/query`, `select hash(o)`) and twice as whole facts (`select o`); the
+//! server's peak resident memory (`VmHWM`).
+//!
+//! The peer, in the same run: when `PRECEDENT_BENCH_PEER_DIR` names a copy of the peer's
+//! folder (`run.sh`, `bench.js`, `server.js`, `summarize.js`, `package.json`: it installs
+//! what it lacks), `bash run.sh N RUNS` there in batch mode, and its medians. Without it
+//! the bench prints ours alone and says that the peer did not run.
+//!
+//! Both sides get a PostgreSQL with initdb's settings (fsync and synchronous commit on):
+//! the peer's script starts its own; ours is `PRECEDENT_BENCH_PG_URL` when set (a
+//! database on a server of your own, emptied), else a throwaway cluster started here with
+//! initdb's settings (`tests/common/pg.rs`, `use_settings`).
+//!
+//! Targets (issue "Hubs on PostgreSQL"): ours at least 20x the peer's save rate, and at
+//! least 10x on the pending query (as hashes; as facts reported too); the server under
+//! 300 MB.
+//!
+//! Settings: `PRECEDENT_BENCH_PEER_N` (10,000), `PRECEDENT_BENCH_PEER_RUNS` (3),
+//! `PRECEDENT_BENCH_OUT` (`target/bench-peer-jinaga.json`). See `docs/performance.md`,
+//! "Against Jinaga's server on PostgreSQL".
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use precedent::{Fact, FactHash};
+use serde_json::{Value as Json, json};
+
+mod common;
+
+use common::{BIN, env_num, peak_mb};
+
+#[allow(dead_code)]
+#[path = "../tests/common/pg.rs"]
+mod pg;
+
+const CHUNK: usize = 1_000;
+const INGEST_TARGET: f64 = 20.0;
+const QUERY_TARGET: f64 = 10.0;
+const MEMORY_LIMIT_MB: f64 = 300.0;
+
+fn facts(n: usize) -> (Fact, Vec<Fact>) {
+    let store = Fact::builder("Bench.Store")
+        .field("id", "store-precedent")
+        .build()
+        .unwrap();
+    let mut all = vec![store.clone()];
+    let mut orders = Vec::with_capacity(n);
+    for i in 0..n {
+        let o = Fact::builder("Bench.Order")
+            .field("id", format!("order-{i}"))
+            .field("total", (i % 1000) as f64 + 0.5)
+            .field("note", format!("note for order {i}"))
+            .predecessor("store", store.hash())
+            .build()
+            .unwrap();
+        orders.push(o);
+    }
+    let shipments: Vec<Fact> = orders
+        .iter()
+        .step_by(2)
+        .map(|o| {
+            Fact::builder("Bench.OrderShipped")
+                .predecessor("order", o.hash())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    all.extend(orders);
+    all.extend(shipments);
+    (store, all)
+}
+
+fn pending(store: &FactHash, project: &str) -> String {
+    json!({
+        "query": format!(
+            "given s: Bench.Store
+             match o: Bench.Order where o->store = s
+               and not exists (match sh: Bench.OrderShipped where sh->order = o)
+             select {project}"
+        ),
+        "givens": {"s": store.to_string()},
+    })
+    .to_string()
+}
+
+fn database() -> String {
+    match std::env::var("PRECEDENT_BENCH_PG_URL") {
+        Ok(base) => {
+            let mut c = postgres::Client::connect(&base, postgres::NoTls).unwrap();
+            c.batch_execute("DROP DATABASE IF EXISTS bench_peer")
+                .unwrap();
+            c.batch_execute("CREATE DATABASE bench_peer").unwrap();
+            let at = base.rfind('/').unwrap();
+            format!("{}/bench_peer", &base[..at])
+        }
+        Err(_) => {
+            // initdb's settings, as the peer's server gets: fsync and synchronous commit on.
+            pg::use_settings(&[]);
+            pg::db().expect("PostgreSQL is installed").url
+        }
+    }
+}
+
+/// `precedent --db URL serve` on a free port of 127.0.0.1: the child and its base URL.
+fn serve(db: &str) -> (Child, String) {
+    let init = Command::new(BIN)
+        .args(["--db", db, "init"])
+        .output()
+        .unwrap();
+    assert!(
+        init.status.success(),
+        "init: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let mut child = Command::new(BIN)
+        .args(["--db", db, "serve", "--listen", "127.0.0.1:0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("serve said {line:?}"))
+        .to_string();
+    (child, url)
+}
+
+fn post(agent: &ureq::Agent, url: &str, body: &str) -> Vec<u8> {
+    let mut resp = agent
+        .post(url)
+        .header("content-type", "application/json")
+        .send(body)
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(1 << 30)
+        .read_to_vec()
+        .unwrap();
+    assert_eq!(status, 200, "{url}: {}", String::from_utf8_lossy(&body));
+    body
+}
+
+/// One run of ours on a fresh database.
+fn ours(n: usize) -> Json {
+    let db = database();
+    let (mut server, base) = serve(&db);
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(600)))
+        .build()
+        .into();
+    let (store, all) = facts(n);
+    let bodies: Vec<String> = all
+        .chunks(CHUNK)
+        .map(|c| {
+            let forms: Vec<String> = c
+                .iter()
+                .map(|f| precedent::json::to_json(f).to_string())
+                .collect();
+            format!("[{}]", forms.join(","))
+        })
+        .collect();
+    let started = Instant::now();
+    let mut inserted = 0u64;
+    for b in &bodies {
+        let report: Json =
+            serde_json::from_slice(&post(&agent, &format!("{base}/v1/facts"), b)).unwrap();
+        assert!(
+            report["rejected"].as_array().unwrap().is_empty(),
+            "{report}"
+        );
+        inserted += report["inserted"].as_u64().unwrap();
+    }
+    let save_secs = started.elapsed().as_secs_f64();
+    assert_eq!(inserted, all.len() as u64, "every fact stored once");
+    let query = format!("{base}/v1/query");
+    let mut ask = |project: &str| {
+        let t = Instant::now();
+        let body = post(&agent, &query, &pending(&store.hash(), project));
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let answer: Json = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            answer["count"].as_u64().unwrap(),
+            (n / 2) as u64,
+            "pending orders"
+        );
+        (ms, body.len())
+    };
+    let (hash1, _) = ask("hash(o)");
+    let (hash2, _) = ask("hash(o)");
+    let (fact1, bytes) = ask("o");
+    let (fact2, _) = ask("o");
+    let server_peak = peak_mb(server.id()).unwrap_or(f64::NAN);
+    server.kill().unwrap();
+    server.wait().unwrap();
+    json!({"facts": all.len(), "saveSecs": save_secs,
+           "saveFactsPerSec": all.len() as f64 / save_secs,
+           "readHashMs": hash1, "readHashMs2": hash2, "readFactMs": fact1, "readFactMs2": fact2,
+           "readFactBytes": bytes, "serverPeakMB": server_peak})
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
+/// The peer's medians over `runs` runs in batch mode, or `None` if it did not run.
+fn peer(n: usize, runs: usize) -> Option<Json> {
+    let dir = std::env::var("PRECEDENT_BENCH_PEER_DIR").ok()?;
+    let out = Command::new("bash")
+        .arg("run.sh")
+        .arg(n.to_string())
+        .arg(runs.to_string())
+        .current_dir(&dir)
+        .env("MODES", "batch")
+        .env("CLIENT_QUERY", "off")
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "the peer's run.sh failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut median_line = None;
+    let mut runs_seen = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with('{')) {
+        let v: Json = serde_json::from_str(line).unwrap();
+        if v["summary"] == "median" {
+            median_line = Some(v);
+        } else if v.get("run").is_some() {
+            runs_seen.push(v);
+        }
+    }
+    let m = median_line.expect("the peer printed its medians");
+    Some(json!({"median": m, "runs": runs_seen}))
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        println!("peer_jinaga: benchmark");
+        return;
+    }
+    let n = env_num("PRECEDENT_BENCH_PEER_N").unwrap_or(10_000) as usize;
+    let runs = env_num("PRECEDENT_BENCH_PEER_RUNS").unwrap_or(3) as usize;
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    eprintln!(
+        "peer bench: N = {n} ({} facts), {runs} runs each; load average {}",
+        n + n / 2 + 1,
+        load.trim()
+    );
+    let ours_runs: Vec<Json> = (0..runs).map(|_| ours(n)).collect();
+    let m = |k: &str| {
+        median(
+            &ours_runs
+                .iter()
+                .map(|r| r[k].as_f64().unwrap())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let ours_median = json!({
+        "saveFactsPerSec": m("saveFactsPerSec"), "readHashMs": m("readHashMs"),
+        "readHashMs2": m("readHashMs2"), "readFactMs": m("readFactMs"),
+        "readFactMs2": m("readFactMs2"), "serverPeakMB": m("serverPeakMB"),
+    });
+    println!(
+        "ours: save {:.0} facts/s, pending as hashes {:.1} ms (again {:.1}), as facts {:.1} ms (again {:.1}), server peak {:.1} MB",
+        m("saveFactsPerSec"),
+        m("readHashMs"),
+        m("readHashMs2"),
+        m("readFactMs"),
+        m("readFactMs2"),
+        m("serverPeakMB")
+    );
+    let memory_met = ours_runs
+        .iter()
+        .all(|r| r["serverPeakMB"].as_f64().unwrap() < MEMORY_LIMIT_MB);
+    let mut report = json!({"n": n, "runs": runs, "load_average": load.trim(),
+                            "ours": {"median": ours_median, "runs": ours_runs},
+                            "memory_met": memory_met});
+    match peer(n, runs) {
+        None => {
+            println!("peer: not run (set PRECEDENT_BENCH_PEER_DIR to a copy of the peer's folder)")
+        }
+        Some(p) => {
+            let pm = &p["median"];
+            let f = |k: &str| pm[k].as_f64().unwrap_or(f64::NAN);
+            let ingest = m("saveFactsPerSec") / f("saveFactsPerSec");
+            let hashes = f("readHashMs") / m("readHashMs");
+            let facts = f("readFactMs") / m("readFactMs");
+            println!(
+                "peer: save {:.0} facts/s, pending as hashes {:.1} ms, as facts {:.1} ms, server peak {} MB",
+                f("saveFactsPerSec"),
+                f("readHashMs"),
+                f("readFactMs"),
+                pm["serverPeakRssMB"]
+            );
+            let verdict = |x: f64, t: f64| if x >= t { "met" } else { "missed" };
+            println!(
+                "ours / peer: ingest {ingest:.1}x (target >= {INGEST_TARGET}x: {}), pending hashes {hashes:.1}x (target >= {QUERY_TARGET}x: {}), pending facts {facts:.1}x",
+                verdict(ingest, INGEST_TARGET),
+                verdict(hashes, QUERY_TARGET)
+            );
+            report["peer"] = p;
+            report["ratios"] = json!({"ingest": ingest, "pending_hashes": hashes, "pending_facts": facts,
+                                      "ingest_met": ingest >= INGEST_TARGET, "query_met": hashes >= QUERY_TARGET});
+        }
+    }
+    println!(
+        "memory: our server under {MEMORY_LIMIT_MB} MB in every run: {}",
+        if memory_met { "met" } else { "missed" }
+    );
+    let out = std::env::var("PRECEDENT_BENCH_OUT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("target/bench-peer-jinaga.json")
+        });
+    std::fs::write(out, serde_json::to_string_pretty(&report).unwrap()).unwrap();
+}
