@@ -193,7 +193,7 @@ fn ours(n: usize) -> Json {
     let save_secs = started.elapsed().as_secs_f64();
     assert_eq!(inserted, all.len() as u64, "every fact stored once");
     let query = format!("{base}/v1/query");
-    let mut ask = |project: &str| {
+    let ask = |project: &str| {
         let t = Instant::now();
         let body = post(&agent, &query, &pending(&store.hash(), project));
         let ms = t.elapsed().as_secs_f64() * 1e3;

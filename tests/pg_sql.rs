@@ -115,3 +115,60 @@ fn arguments_bind_to_the_inferred_types_and_columns_read_back() {
         .unwrap();
     assert_eq!((n, s.as_str(), after_typo), (0, "ab", 2));
 }
+
+#[test]
+fn a_result_row_is_read_after_the_conditions_that_need_no_row() {
+    use precedent::Fact;
+    use precedent::query::{Givens, Query};
+    let Some(db) = pg::db() else { return };
+    let store = Store::open_with(&db.url, StoreOptions::default()).unwrap();
+    let shop = Fact::builder("Shop").field("name", "s").build().unwrap();
+    let mut facts = vec![shop.clone()];
+    for i in 0..300i64 {
+        let o = Fact::builder("Shop.Order")
+            .field("id", i)
+            .predecessor("shop", shop.hash())
+            .build()
+            .unwrap();
+        if i % 10 != 0 {
+            facts.push(
+                Fact::builder("Shop.Shipment")
+                    .predecessor("order", o.hash())
+                    .build()
+                    .unwrap(),
+            );
+        }
+        facts.push(o);
+    }
+    store.insert_batch(facts).unwrap();
+    let q = Query::parse(
+        "given s: Shop
+         match o: Shop.Order where o->shop = s
+           and not exists (match sh: Shop.Shipment where sh->order = o)
+         select hash(o)",
+    )
+    .unwrap();
+    let g = Givens::from([("s".to_string(), shop.hash())]);
+    assert_eq!(store.query(&q, &g).unwrap().len(), 30);
+    // The shipment test reads edges alone; the orders' rows are read after it, for the
+    // 30 results only. EXPLAIN lists a join's outer side before its inner one, so the
+    // order rows' lookup (`fact_pkey`) comes after every edge scan; a plan that read all
+    // 300 order rows before testing them lists it before the shipment edges.
+    let plan = store.explain(&q, &g).unwrap();
+    let at = |found: Option<usize>, what: &str| {
+        found.unwrap_or_else(|| panic!("no {what} in the plan:\n{}", plan.join("\n")))
+    };
+    let last_edge = at(
+        plan.iter().rposition(|l| l.contains(" on edge ")),
+        "edge scan",
+    );
+    let order_rows = at(
+        plan.iter().position(|l| l.contains("fact_pkey")),
+        "fact_pkey",
+    );
+    assert!(
+        order_rows > last_edge,
+        "the order rows are read before the shipment test:\n{}",
+        plan.join("\n")
+    );
+}

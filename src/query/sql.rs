@@ -78,6 +78,12 @@ struct Compiler {
     aliases: usize,
     /// Labels whose `fact` row the statement reads (hash or bytes).
     rows: HashSet<String>,
+    /// On PostgreSQL, the labels whose row only the results read (no field predicate or
+    /// ordering reads it): reached through an edge, their rows are joined after the rest
+    /// of the statement has run (see [`compile_keyset`]).
+    late: HashSet<String>,
+    /// The late labels reached, whose rows the statement joins outside.
+    deferred: Vec<String>,
 }
 
 /// A label known in a block: the SQL expression of its `seq`, and the alias of its `fact`
@@ -227,6 +233,13 @@ impl Compiler {
             return Known::row(f);
         }
         if !self.rows.contains(&n.label) {
+            return Known {
+                seq: end,
+                fact: None,
+            };
+        }
+        if self.late.contains(&n.label) {
+            self.deferred.push(n.label.clone());
             return Known {
                 seq: end,
                 fact: None,
@@ -505,21 +518,37 @@ fn compile_keyset(
         params: Vec::new(),
         aliases: 0,
         rows: HashSet::new(),
+        late: HashSet::new(),
+        deferred: Vec::new(),
     };
-    c.rows.extend(shape.output.iter().cloned());
     for k in shape.order {
         if let SortBy::Field(l, _) = &k.by {
             c.rows.insert(l.name.clone());
         }
     }
     labels_with_fields(conds, &mut c.rows);
+    if c.dialect == Dialect::Postgres {
+        c.late = shape
+            .output
+            .iter()
+            .filter(|l| !c.rows.contains(*l))
+            .cloned()
+            .collect();
+    }
+    c.rows.extend(shape.output.iter().cloned());
     let (mut from, mut wh) = (Vec::new(), Vec::new());
     let mut scope = HashMap::new();
     let multi = c.block(nodes, conds, &mut scope, &mut from, &mut wh)?;
+    let late: HashSet<String> = c.deferred.drain(..).collect();
+    // A late label's result columns are its seq (already known) here, completed with its
+    // hash and bytes outside (see below).
     let cols: Vec<String> = shape
         .output
         .iter()
         .map(|l| {
+            if late.contains(l) {
+                return scope[l].seq.clone();
+            }
             let f = scope[l].fact();
             format!("{f}.seq, {f}.hash, {f}.bytes")
         })
@@ -577,9 +606,10 @@ fn compile_keyset(
     }
     let distinct = multi || shape.distinct;
     let mut cols = cols;
-    if distinct && c.dialect == Dialect::Postgres {
+    if (distinct && c.dialect == Dialect::Postgres) || !late.is_empty() {
         // PostgreSQL orders a DISTINCT only by what it selects: the keys come after the
-        // label columns (a function of them, so the rows stay as distinct), unread.
+        // label columns (a function of them, so the rows stay as distinct), unread. The
+        // outer statement of late rows orders by them too.
         cols.extend(keys.iter().map(|(e, _, _)| e.clone()));
     }
     let mut sql = format!(
@@ -613,6 +643,16 @@ fn compile_keyset(
         let p = c.param(Param::Int(n.min(i64::MAX as u64) as i64));
         sql.push_str(&format!(" LIMIT {p}"));
     }
+    if !late.is_empty() {
+        sql = with_late_rows(
+            sql,
+            &shape.output,
+            &late,
+            &keys,
+            shape.limit.is_some(),
+            &mut c,
+        );
+    }
     Ok(Plan {
         sql,
         params: c.params,
@@ -629,6 +669,66 @@ fn compile_keyset(
             })
             .collect(),
     })
+}
+
+/// Wraps `inner` (a statement whose columns are, per output label, `seq, hash, bytes` or,
+/// for a late one, its `seq` alone, then the ordering keys) in one that joins the late
+/// labels' `fact` rows to its results and keeps its order.
+///
+/// PostgreSQL chooses the join order itself, from estimates: for "the orders of a shop
+/// with no shipment" it joined every order's row before testing for a shipment (it
+/// expected 9 orders a shop where there were 530), reading a page per order rather than
+/// per result. The inner statement cannot be flattened into the outer one (it has a
+/// `LIMIT`, else `OFFSET 0`), so every `NOT EXISTS` and edge-only condition runs before
+/// any late row is read. SQLite keeps the order the compiler wrote and needs none of it.
+fn with_late_rows(
+    inner: String,
+    output: &[String],
+    late: &HashSet<String>,
+    keys: &[(String, bool, bool)],
+    limited: bool,
+    c: &mut Compiler,
+) -> String {
+    let (mut cols, mut from, mut wh) = (Vec::new(), Vec::new(), Vec::new());
+    let mut at = 0;
+    for l in output {
+        if late.contains(l) {
+            let f = c.alias("f");
+            cols.push(format!("{f}.seq, {f}.hash, {f}.bytes"));
+            from.push(format!("fact {f}"));
+            wh.push(format!("{f}.seq = q.c{at}"));
+            at += 1;
+        } else {
+            cols.push(format!("q.c{}, q.c{}, q.c{}", at, at + 1, at + 2));
+            at += 3;
+        }
+    }
+    let order: Vec<String> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, (_, desc, field))| {
+            let nulls = match (field, desc) {
+                (true, false) => " NULLS FIRST",
+                (true, true) => " NULLS LAST",
+                _ => "",
+            };
+            format!("q.c{}{}{nulls}", at + i, if *desc { " DESC" } else { "" })
+        })
+        .collect();
+    let names: Vec<String> = (0..at + keys.len()).map(|i| format!("c{i}")).collect();
+    format!(
+        "SELECT {} FROM ({inner}{}) AS q({}) CROSS JOIN {} WHERE {}{}",
+        cols.join(", "),
+        if limited { "" } else { " OFFSET 0" },
+        names.join(", "),
+        from.join(" CROSS JOIN "),
+        wh.join(" AND "),
+        if order.is_empty() {
+            String::new()
+        } else {
+            format!(" ORDER BY {}", order.join(", "))
+        }
+    )
 }
 
 /// The sort key PostgreSQL's `pq_field` returns for a value bound as `p`
