@@ -113,6 +113,17 @@ fn set(hashes: &[FactHash]) -> HashSet<FactHash> {
     hashes.iter().copied().collect()
 }
 
+/// `got` is `want`; else says how many are missing and how many extra.
+fn assert_same(got: &HashSet<FactHash>, want: &HashSet<FactHash>, what: &str) {
+    let missing = want.difference(got).count();
+    let extra = got.difference(want).count();
+    assert!(
+        missing == 0 && extra == 0,
+        "{what}: {missing} of {} missing, {extra} extra",
+        want.len()
+    );
+}
+
 fn hashes(facts: &[Fact]) -> HashSet<FactHash> {
     facts.iter().map(Fact::hash).collect()
 }
@@ -212,9 +223,9 @@ fn two_servers_on_one_database_pushed_at_once_converge() {
         .chain(hashes(&raw))
         .collect();
     let on_hub = sound(&hub.url);
-    assert_eq!(set(&on_hub), all, "the hub has the union");
-    assert_eq!(set(&sound(a)), all, "node a converged");
-    assert_eq!(set(&sound(b)), all, "node b converged");
+    assert_same(&set(&on_hub), &all, "the hub has the union");
+    assert_same(&set(&sound(a)), &all, "node a converged");
+    assert_same(&set(&sound(b)), &all, "node b converged");
     stored_once(&hub);
     assert_eq!(hub.psql("SELECT count(*) FROM fact"), all.len().to_string());
 }
@@ -369,7 +380,7 @@ fn crash_loop_import_on_postgres() {
     let out = import(url).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let released = check_store(p(url), &acked);
-    assert_eq!(hashes(&released), all);
+    assert_same(&hashes(&released), &all, "imported");
     assert_eq!(sound(url).len(), all.len());
     stored_once(&db);
     assert!(seen_held, "no kill left facts held between commits");
@@ -510,8 +521,8 @@ fn crash_loop_sync_on_postgres() {
         .url
         .clone();
     ok(n, &["sync", &url]);
-    assert_eq!(set(&sound(h)), all);
-    assert_eq!(set(&sound(n)), all);
+    assert_same(&set(&sound(h)), &all, h);
+    assert_same(&set(&sound(n)), &all, n);
     stored_once(hub);
     stored_once(node);
     eprintln!("{epochs} fresh pairs of databases");
@@ -611,13 +622,14 @@ fn push_through_outage(outage: Outage) {
     c.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    let push = Guard::new(&mut c);
+    let mut push = Guard::new(&mut c);
     let deadline = Instant::now() + Duration::from_secs(60);
     while db.psql("SELECT count(*) FROM fact").parse::<u64>().unwrap() < 100 {
         assert!(Instant::now() < deadline, "the push stored nothing");
         std::thread::sleep(Duration::from_millis(20));
     }
     outage.hit(&db);
+    assert!(push.running(), "the push ended before the outage");
     let out = push.output();
     let err = stderr(&out);
     if !out.status.success() {
@@ -631,7 +643,7 @@ fn push_through_outage(outage: Outage) {
         "serve exited on the outage"
     );
     ok(node, &["sync", &server.url, "--push"]);
-    assert_eq!(set(&sound(url)), hashes(&facts));
+    assert_same(&set(&sound(url)), &hashes(&facts), url);
     stored_once(&db);
 }
 
@@ -680,6 +692,7 @@ fn a_pull_into_postgres_through_a_restart() {
             std::thread::sleep(Duration::from_millis(20));
         }
         Outage::Restart.hit(&db);
+        assert!(pull.running(), "the pull ended before the restart");
         if follow {
             // It reconnects: everything arrives while it runs on.
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -709,7 +722,7 @@ fn a_pull_into_postgres_through_a_restart() {
             check_store(p(url), &HashSet::new());
             ok(url, &["sync", &server.url, "--pull"]);
         }
-        assert_eq!(set(&sound(url)), hashes(&facts));
+        assert_same(&set(&sound(url)), &hashes(&facts), url);
         stored_once(&db);
     }
 }
