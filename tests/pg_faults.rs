@@ -129,8 +129,9 @@ fn hashes(facts: &[Fact]) -> HashSet<FactHash> {
 }
 
 /// `POST /v1/facts` of `facts` in the order given (children first pushed this way are
-/// held on the server until their ancestors come); returns the status code.
-fn raw_push(server: &str, facts: &[Fact]) -> u16 {
+/// held on the server until their ancestors come); returns the status code and the
+/// answer's `held` count.
+fn raw_push(server: &str, facts: &[Fact]) -> (u16, u64) {
     let addr = server.trim_start_matches("http://").trim_end_matches('/');
     let body: Vec<u8> = facts
         .iter()
@@ -148,11 +149,17 @@ fn raw_push(server: &str, facts: &[Fact]) -> u16 {
     s.write_all(&body).unwrap();
     let mut answer = String::new();
     let _ = s.read_to_string(&mut answer);
-    answer
+    let status = answer
         .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {answer:?}"))
+        .unwrap_or_else(|| panic!("no status in {answer:?}"));
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let held = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|b| b["held"].as_u64())
+        .unwrap_or(0);
+    (status, held)
 }
 
 /// Point 1: two servers on one database, pushed at once by two SQLite nodes with
@@ -199,17 +206,20 @@ fn two_servers_on_one_database_pushed_at_once_converge() {
     let pb = push(b, &s2.url);
     let (u1, u2) = (s1.url.clone(), s2.url.clone());
     let rawer = std::thread::spawn(move || {
+        let mut held = 0;
         for (i, chunk) in raw.chunks(15).enumerate() {
-            let status = raw_push(if i % 2 == 0 { &u1 } else { &u2 }, chunk);
+            let (status, h) = raw_push(if i % 2 == 0 { &u1 } else { &u2 }, chunk);
             assert_eq!(status, 200, "raw push {i}");
+            held += h;
         }
-        raw
+        (raw, held)
     });
     for g in [pa, pb] {
         let out = g.output();
         assert!(out.status.success(), "push: {}", stderr(&out));
     }
-    let raw = rawer.join().unwrap();
+    let (raw, held) = rawer.join().unwrap();
+    assert!(held > 0, "no raw push was held on the hub");
 
     // Each node syncs both ways with the server it did not push to.
     ok(a, &["sync", &s2.url]);

@@ -98,7 +98,8 @@ impl Client {
     /// Syncs, then keeps syncing as facts appear on either side until `stop` is set:
     /// each round waits on the server (long-poll, up to `wait`) for new facts. Transport
     /// errors, and this store's database server being unavailable
-    /// ([`Error::is_unavailable`]), are recorded and retried after a second; `on_round` sees each round's outcome.
+    /// ([`Error::is_unavailable`]), are recorded and retried after a second; `on_round`
+    /// sees each round's outcome.
     ///
     /// # Errors
     /// Store errors, remote errors that retrying cannot fix (401, 403), and a server that
