@@ -638,10 +638,11 @@ fn push_through_outage(outage: Outage) {
         assert!(Instant::now() < deadline, "the push stored nothing");
         std::thread::sleep(Duration::from_millis(20));
     }
-    outage.hit(&db);
     assert!(push.running(), "the push ended before the outage");
+    outage.hit(&db);
     let out = push.output();
     let err = stderr(&out);
+    eprintln!("push through {outage:?}: {}: {}", out.status, err.trim());
     if !out.status.success() {
         assert_eq!(code(&out), 5, "a peer's failure (README): {err}");
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
@@ -701,8 +702,8 @@ fn a_pull_into_postgres_through_a_restart() {
             assert!(Instant::now() < deadline, "the pull stored nothing");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Outage::Restart.hit(&db);
         assert!(pull.running(), "the pull ended before the restart");
+        Outage::Restart.hit(&db);
         if follow {
             // It reconnects: everything arrives while it runs on.
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -719,6 +720,7 @@ fn a_pull_into_postgres_through_a_restart() {
         } else {
             let out = pull.output();
             let err = stderr(&out);
+            eprintln!("pull through a restart: {}: {}", out.status, err.trim());
             if !out.status.success() {
                 assert_eq!(code(&out), 4, "a database failure (README): {err}");
                 assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
