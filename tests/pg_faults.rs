@@ -28,7 +28,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 /// Kills that must land per crash loop.
-const KILLS: usize = 12;
+const KILLS: usize = 10;
 /// Attempts per loop before giving up on reaching `KILLS`.
 const MAX_TRIES: usize = 120;
 
@@ -573,6 +573,8 @@ fn outage_db(outage: Outage) -> Option<(PgDb, Option<std::sync::MutexGuard<'stat
         Outage::Restart => {
             let cluster = pg::private_cluster()?;
             let lock = pg::private_lock();
+            // Running, even if a test that failed mid-outage left it stopped.
+            cluster.start_again();
             Some((cluster.db(), Some(lock)))
         }
         Outage::Terminate => Some((pg::db()?, None)),
@@ -678,6 +680,7 @@ fn a_pull_into_postgres_through_a_restart() {
         return;
     };
     let _lock = pg::private_lock();
+    cluster.start_again();
     let dir = tempfile::tempdir().unwrap();
     let source = dir.path().join("source.db");
     let facts = chains("pull", 20, 100);
