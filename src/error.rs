@@ -249,6 +249,13 @@ impl Error {
     pub fn is_busy(&self) -> bool {
         matches!(self, Error::Backend(b) if b.kind == BackendErrorKind::Busy)
     }
+
+    /// Whether this is the backend saying its database server cannot be reached or ended
+    /// the connection ([`BackendErrorKind::Unavailable`]): a caller that runs for long
+    /// (a worker, a server, a follower) retries after a pause, as the store reconnects.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Backend(b) if b.kind == BackendErrorKind::Unavailable)
+    }
 }
 
 /// What kind of database failure a [`BackendError`] is: what a caller branches on.
@@ -265,6 +272,12 @@ pub enum BackendErrorKind {
     Constraint,
     /// A statement that must return a row returned none.
     NoRow,
+    /// The database server cannot be reached or ended the connection (it is down, it
+    /// restarted, the backend was terminated): nothing of the transaction was committed
+    /// (unless the connection dropped during the commit itself), and the same call may
+    /// succeed once the server is back. Only a database server's backend (PostgreSQL)
+    /// reports it.
+    Unavailable,
     /// Anything else (a malformed statement, a type mismatch).
     Other,
 }

@@ -17,12 +17,14 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::assert_topological;
 use common::bin::{cmd, run_ok as run};
+use common::crash::{
+    PENDING, assert_prefix_present, chains, check_store, queue_db, queue_outcomes, seeded_db,
+};
 use common::process::{Server, kill, quiet, random_pause, spawn_and_kill};
 use common::queue::{self, EFFECT};
 use precedent::{Fact, FactHash, Store, json};
@@ -32,53 +34,6 @@ use rand::rngs::StdRng;
 const KILLS: usize = 50;
 /// Attempts per path before giving up on reaching `KILLS`.
 const MAX_TRIES: usize = 400;
-
-/// The invariants every restart checks: `verify` passes, release order is topological,
-/// and everything in `acked` is still released. Returns the released facts in order.
-fn check_store(db: &Path, acked: &HashSet<FactHash>) -> Vec<Fact> {
-    let out = cmd(db, &["verify"]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "verify failed after a kill: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let store = Store::open(db).unwrap();
-    assert_topological(&store);
-    let mut released = Vec::new();
-    store
-        .for_each_released(0, |_, _, bytes| {
-            released.push(Fact::from_canonical(bytes).unwrap());
-            Ok(())
-        })
-        .unwrap();
-    let now: HashSet<FactHash> = released.iter().map(Fact::hash).collect();
-    let lost = acked.difference(&now).count();
-    assert_eq!(lost, 0, "{lost} released facts lost after a kill");
-    released
-}
-
-/// `chains` chains of `len` facts each.
-fn chains(tag: &str, chains: usize, len: usize) -> Vec<Fact> {
-    let mut out = Vec::with_capacity(chains * len);
-    for c in 0..chains {
-        let mut prev: Option<FactHash> = None;
-        for i in 0..len {
-            let mut b = Fact::builder("Link")
-                .field("tag", tag)
-                .field("chain", c as i64)
-                .field("n", i as i64)
-                .field("pad", "x".repeat(64));
-            if let Some(p) = prev {
-                b = b.predecessor("prev", p);
-            }
-            let f = b.build().unwrap();
-            prev = Some(f.hash());
-            out.push(f);
-        }
-    }
-    out
-}
 
 fn report(path: &str, kills: usize, tries: usize, epochs: usize, started: Instant) {
     eprintln!(
@@ -160,53 +115,6 @@ fn crash_loop_import_and_held_release() {
     assert_eq!(released.len(), all.len());
     assert_eq!(Store::open(&db).unwrap().held_count().unwrap(), 0);
     report("import + held release", kills, tries, epochs, started);
-}
-
-/// A database with `n` orders (in chains of four if `chained`: a dead-lettered input
-/// would block the rest of its chain) and a queue `ship` over them.
-fn queue_db(path: &Path, n: usize, max_attempts: &str, chained: bool) -> Vec<FactHash> {
-    run(path, &["init"], b"");
-    let facts = queue::orders(n, chained.then_some(4));
-    queue::import(path, &facts);
-    queue::declare_ship(path, "300ms", max_attempts, "5ms");
-    facts[1..].iter().map(Fact::hash).collect()
-}
-
-/// What is left to do of `ship`, dead letters aside.
-const PENDING: &[&str] = &["ready", "leased", "delayed", "blocked"];
-
-/// Per input: (effects, completions, dead letters), checked to be at most one each and
-/// an effect exactly when a completion.
-fn queue_outcomes(released: &[Fact]) -> BTreeMap<FactHash, (usize, usize, usize)> {
-    let mut out: BTreeMap<FactHash, (usize, usize, usize)> = BTreeMap::new();
-    for f in released {
-        let role = match f.type_name() {
-            "Effect" => "input",
-            "Shop.Shipped" => "order",
-            "precedent.DeadLetter" => "input",
-            "precedent.Poison" => panic!("no input may be poisoned: {f:?}"),
-            _ => continue,
-        };
-        let input = *f.predecessors()[role].iter().next().unwrap();
-        let e = out.entry(input).or_default();
-        match f.type_name() {
-            "Effect" => e.0 += 1,
-            "Shop.Shipped" => e.1 += 1,
-            _ => e.2 += 1,
-        }
-    }
-    for (input, (effects, done, dead)) in &out {
-        assert!(
-            *effects <= 1 && *done <= 1 && *dead <= 1,
-            "{input}: {effects} effects, {done} completions, {dead} dead letters"
-        );
-        assert_eq!(effects, done, "{input}: an effect without its completion");
-        assert!(
-            *done + *dead <= 1,
-            "{input}: both completed and dead-lettered"
-        );
-    }
-    out
 }
 
 #[test]
@@ -317,28 +225,6 @@ fn crash_loop_dead_letter() {
     }
     assert_eq!(queue::stats(&db)["dead"], INPUTS as u64);
     report("dead-letter", kills, tries, epochs, started);
-}
-
-/// Every fact of `from` through release sequence `through` is released in `to`.
-fn assert_prefix_present(from: &Path, through: i64, to: &Path) {
-    let from = Store::open(from).unwrap();
-    let to = Store::open(to).unwrap();
-    from.for_each_in_range(0, through, |seq, h, _| {
-        assert!(
-            to.get(&h).unwrap().is_some(),
-            "fact at seq {seq} is covered by the bookmark but not stored"
-        );
-        Ok(())
-    })
-    .unwrap();
-}
-
-fn seeded_db(path: &Path, facts: &[Fact]) {
-    run(path, &["init"], b"");
-    Store::open(path)
-        .unwrap()
-        .insert_batch(facts.to_vec())
-        .unwrap();
 }
 
 fn sync_time(db: &Path, url: &str, dir: &str) -> Duration {

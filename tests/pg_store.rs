@@ -527,7 +527,7 @@ fn a_connection_dropped_mid_transaction_says_so_and_the_next_reconnects() {
         .unwrap_err();
     let text = err.to_string();
     assert!(
-        matches!(&err, Error::Backend(e) if e.kind == precedent::error::BackendErrorKind::Io),
+        matches!(&err, Error::Backend(e) if e.kind == precedent::error::BackendErrorKind::Unavailable),
         "{err:?}"
     );
     assert!(

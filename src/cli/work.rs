@@ -108,42 +108,87 @@ pub fn work(g: &Global, args: WorkArgs) -> anyhow::Result<Status> {
     }
 }
 
+/// How long a job keeps retrying while its database server is unavailable (down,
+/// restarting, connections cut) before the worker exits with the last error.
+const OUTAGE: Duration = Duration::from_secs(300);
+/// The first pause after a failure for an unavailable database server, doubled per
+/// failure up to [`BACKOFF_CAP`].
+const BACKOFF: Duration = Duration::from_millis(100);
+const BACKOFF_CAP: Duration = Duration::from_secs(5);
+
 /// One job: claim a batch, run the command per input, repeat until stopped (or, with
 /// `--once`, until nothing is ready).
+///
+/// A database server that is unavailable (PostgreSQL restarting, connections cut:
+/// [`Error::is_unavailable`]) does not stop the job: it logs the error and tries again
+/// after a pause that doubles from 100 ms to 5 s, reconnecting, for up to 5 minutes of
+/// failures in a row. Inputs whose completion was lost with the connection are handed out
+/// again when their leases expire; none is completed twice, as a completion is refused on
+/// a lease that is no longer live.
 fn job(g: &Global, sh: &Shared) -> anyhow::Result<()> {
     let store = g.open(false)?;
-    let a = &sh.args;
+    let mut outage: Option<(Instant, Duration)> = None;
     while !sh.stop.load(Ordering::Relaxed) {
-        sh.busy.fetch_add(1, Ordering::SeqCst);
-        let claimed = store.claim(&a.queue, a.batch.max(1));
-        let mut leases = match claimed {
-            Ok(l) => l,
-            Err(e) => {
-                sh.busy.fetch_sub(1, Ordering::SeqCst);
-                return Err(e.into());
+        match step(&store, sh) {
+            Ok(Step::Done) => return Ok(()),
+            Ok(Step::Again) => outage = None,
+            Err(e) if e.downcast_ref::<Error>().is_some_and(Error::is_unavailable) => {
+                let (since, pause) = outage.get_or_insert((Instant::now(), BACKOFF));
+                if since.elapsed() >= OUTAGE {
+                    return Err(e.context(format!(
+                        "the database stayed unavailable for {} s; giving up",
+                        OUTAGE.as_secs()
+                    )));
+                }
+                eprintln!("warning: {e}; retrying in {} ms", pause.as_millis());
+                idle(sh, *pause);
+                *pause = (*pause * 2).min(BACKOFF_CAP);
             }
-        };
-        if leases.is_empty() {
-            let others = sh.busy.fetch_sub(1, Ordering::SeqCst) - 1;
-            if a.once && others == 0 {
-                return Ok(());
-            }
-            let wait = if a.once { 5 } else { a.poll.max(1) as u64 };
-            idle(sh, Duration::from_millis(wait));
-            continue;
+            Err(e) => return Err(e),
         }
-        let result = run_batch(&store, sh, &mut leases);
-        // Whatever happened, leases not started are given back, not left to expire.
-        for lease in leases.drain(..) {
-            match store.release(lease) {
-                Ok(()) | Err(Error::LeaseLost { .. }) => {}
-                Err(e) => eprintln!("warning: cannot release a lease: {e}"),
-            }
-        }
-        sh.busy.fetch_sub(1, Ordering::SeqCst);
-        result?;
     }
     Ok(())
+}
+
+/// What a job does after one [`step`].
+enum Step {
+    /// Claim again.
+    Again,
+    /// `--once` and nothing left to do.
+    Done,
+}
+
+/// Claims one batch and runs it; or, with nothing ready, waits the poll interval.
+fn step(store: &Store, sh: &Shared) -> anyhow::Result<Step> {
+    let a = &sh.args;
+    sh.busy.fetch_add(1, Ordering::SeqCst);
+    let claimed = store.claim(&a.queue, a.batch.max(1));
+    let mut leases = match claimed {
+        Ok(l) => l,
+        Err(e) => {
+            sh.busy.fetch_sub(1, Ordering::SeqCst);
+            return Err(e.into());
+        }
+    };
+    if leases.is_empty() {
+        let others = sh.busy.fetch_sub(1, Ordering::SeqCst) - 1;
+        if a.once && others == 0 {
+            return Ok(Step::Done);
+        }
+        let wait = if a.once { 5 } else { a.poll.max(1) as u64 };
+        idle(sh, Duration::from_millis(wait));
+        return Ok(Step::Again);
+    }
+    let result = run_batch(store, sh, &mut leases);
+    // Whatever happened, leases not started are given back, not left to expire.
+    for lease in leases.drain(..) {
+        match store.release(lease) {
+            Ok(()) | Err(Error::LeaseLost { .. }) => {}
+            Err(e) => eprintln!("warning: cannot release a lease: {e}"),
+        }
+    }
+    sh.busy.fetch_sub(1, Ordering::SeqCst);
+    result.map(|()| Step::Again)
 }
 
 /// Sleeps up to `d`, waking early when a stop is requested.
@@ -317,11 +362,18 @@ fn run_command(
     Ok((done.0, done.1, done.2, lease))
 }
 
-/// Extends a lease; a lost one is kept as it is (completing it will be refused).
+/// Extends a lease; a lost one is kept as it is (completing it will be refused), and so
+/// is one that cannot be extended while the database server is unavailable: the command
+/// runs on, and its completion is tried when it ends (refused if the lease expired
+/// meanwhile).
 fn extend(store: &Store, lease: Lease) -> anyhow::Result<Lease> {
     match store.extend(&lease) {
         Ok(l) => Ok(l),
         Err(Error::LeaseLost { .. }) => Ok(lease),
+        Err(e) if e.is_unavailable() => {
+            eprintln!("warning: cannot extend a lease: {e}");
+            Ok(lease)
+        }
         Err(e) => Err(e.into()),
     }
 }

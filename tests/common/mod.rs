@@ -4,6 +4,8 @@
 pub mod backend;
 #[cfg(feature = "cli")]
 pub mod bin;
+#[cfg(feature = "cli")]
+pub mod crash;
 pub mod db;
 pub mod pg;
 #[cfg(feature = "cli")]

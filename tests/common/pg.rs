@@ -46,6 +46,8 @@ pub struct Cluster {
     pub port: u16,
     /// The uid and gid the server runs as (`None`: as this process).
     user: Option<(u32, u32)>,
+    /// Its index in [`SERVER_PIDS`].
+    slot: usize,
     server: Mutex<Option<Child>>,
 }
 
@@ -76,34 +78,42 @@ impl PgDb {
     }
 }
 
-/// PID of the running server, for the exit handler.
-static SERVER_PID: AtomicI32 = AtomicI32::new(0);
-/// The folder to remove at exit.
-static DIR: OnceLock<PathBuf> = OnceLock::new();
+/// PIDs of the running servers (the shared cluster's, a private one's), for the exit
+/// handler.
+static SERVER_PIDS: [AtomicI32; 2] = [AtomicI32::new(0), AtomicI32::new(0)];
+/// The folders to remove at exit.
+static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// A fresh, empty database on this process's cluster (started on first use), or `None`
 /// (after a loud `SKIPPED` line on stderr) when PostgreSQL is not installed. Under `CI`
 /// a missing PostgreSQL panics.
 pub fn db() -> Option<PgDb> {
-    let cluster = cluster()?;
-    static N: AtomicU64 = AtomicU64::new(0);
-    let name = format!(
-        "t{}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        fastrand::u32(..)
-    );
-    // Owned by the password user, so that it may create the schema too (PostgreSQL 15
-    // lets only the owner create in `public`); the superuser may do anything anyway.
-    cluster.psql(
-        "postgres",
-        &format!("CREATE DATABASE {name} OWNER {PASSWORD_USER}"),
-    );
-    Some(PgDb {
-        url: format!("postgres://postgres@127.0.0.1:{}/{name}", cluster.port),
-        name,
-        cluster,
-    })
+    Some(cluster()?.db())
+}
+
+impl Cluster {
+    /// A fresh, empty database on this cluster.
+    pub fn db(&'static self) -> PgDb {
+        let cluster = self;
+        static N: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "t{}_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed),
+            fastrand::u32(..)
+        );
+        // Owned by the password user, so that it may create the schema too (PostgreSQL 15
+        // lets only the owner create in `public`); the superuser may do anything anyway.
+        cluster.psql(
+            "postgres",
+            &format!("CREATE DATABASE {name} OWNER {PASSWORD_USER}"),
+        );
+        PgDb {
+            url: format!("postgres://postgres@127.0.0.1:{}/{name}", cluster.port),
+            name,
+            cluster,
+        }
+    }
 }
 
 /// This process's cluster, started on first call; `None` when PostgreSQL is not
@@ -112,7 +122,7 @@ pub fn cluster() -> Option<&'static Cluster> {
     static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
     CLUSTER
         .get_or_init(|| match find_bindir() {
-            Some(bindir) => Some(Cluster::start(bindir)),
+            Some(bindir) => Some(Cluster::start(bindir, 0)),
             None => {
                 let line = "SKIPPED: PostgreSQL not installed (no pg_config --bindir, no \
                             /usr/lib/postgresql/*/bin): the PostgreSQL tests did not run";
@@ -124,6 +134,26 @@ pub fn cluster() -> Option<&'static Cluster> {
             }
         })
         .as_ref()
+}
+
+/// A second cluster of this process, apart from the shared one of [`db`], for tests that
+/// stop and restart their server ([`Cluster::stop`], [`Cluster::start_again`]) while the
+/// other tests of the binary go on with theirs; started on first call. The tests that
+/// use it share it: they take [`private_lock`] for their run. `None` when PostgreSQL is
+/// not installed (after the same `SKIPPED` line as [`db`]).
+pub fn private_cluster() -> Option<&'static Cluster> {
+    static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+    let bindir = cluster()?.bindir.clone();
+    CLUSTER
+        .get_or_init(|| Some(Cluster::start(bindir, 1)))
+        .as_ref()
+}
+
+/// Held by a test for as long as it uses [`private_cluster`], so that one test's restart
+/// does not land in another's run.
+pub fn private_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A URL on which no server listens (a port just freed), for the tests of a server that
@@ -190,16 +220,18 @@ fn server_user() -> Option<(u32, u32)> {
 }
 
 extern "C" fn stop_at_exit() {
-    let pid = SERVER_PID.load(Ordering::SeqCst);
-    if pid > 0 {
-        stop_pid(pid);
+    for pid in &SERVER_PIDS {
+        let pid = pid.load(Ordering::SeqCst);
+        if pid > 0 {
+            stop_pid(pid);
+        }
     }
-    // PRECEDENT_PG_KEEP keeps the folder (and the server's log, with every failed
+    // PRECEDENT_PG_KEEP keeps the folders (and the servers' logs, with every failed
     // statement) for a look after a failure.
-    if let Some(dir) = DIR.get()
-        && std::env::var_os("PRECEDENT_PG_KEEP").is_none()
-    {
-        let _ = std::fs::remove_dir_all(dir);
+    if std::env::var_os("PRECEDENT_PG_KEEP").is_none() {
+        for dir in DIRS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -227,16 +259,18 @@ fn chown_all(path: &Path, uid: u32, gid: u32) {
 }
 
 impl Cluster {
-    fn start(bindir: PathBuf) -> Cluster {
+    fn start(bindir: PathBuf, slot: usize) -> Cluster {
         let dir = std::env::temp_dir().join(format!(
             "precedent-pg-{}-{:x}",
             std::process::id(),
             fastrand::u64(..)
         ));
         std::fs::create_dir_all(&dir).unwrap();
-        let _ = DIR.set(dir.clone());
-        // SAFETY: registers a plain extern "C" function.
-        unsafe { libc::atexit(stop_at_exit) };
+        DIRS.lock().unwrap().push(dir.clone());
+        if slot == 0 {
+            // SAFETY: registers a plain extern "C" function.
+            unsafe { libc::atexit(stop_at_exit) };
+        }
         let user = server_user();
         if let Some((uid, gid)) = user {
             chown_all(&dir, uid, gid);
@@ -270,6 +304,7 @@ impl Cluster {
             dir,
             port: free_port(),
             user,
+            slot,
             server: Mutex::new(None),
         };
         cluster.spawn();
@@ -304,7 +339,7 @@ impl Cluster {
             .stderr(log);
         as_user(&mut cmd, self.user);
         let child = cmd.spawn().expect("start postgres");
-        SERVER_PID.store(child.id() as i32, Ordering::SeqCst);
+        SERVER_PIDS[self.slot].store(child.id() as i32, Ordering::SeqCst);
         *self.server.lock().unwrap() = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -339,7 +374,7 @@ impl Cluster {
     /// Stops the server (immediate shutdown: as a crash would, every connection cut).
     pub fn stop(&self) {
         if let Some(child) = self.server.lock().unwrap().take() {
-            SERVER_PID.store(0, Ordering::SeqCst);
+            SERVER_PIDS[self.slot].store(0, Ordering::SeqCst);
             stop_pid(child.id() as i32);
         }
     }

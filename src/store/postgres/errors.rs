@@ -38,11 +38,13 @@ fn describe(e: &postgres::Error) -> (BackendErrorKind, String) {
             BackendErrorKind::Constraint
         } else if code.starts_with("XX") {
             BackendErrorKind::Corrupt
-        } else if code.starts_with("53") || code.starts_with("58") || code.starts_with("08") {
+        } else if code.starts_with("08") {
+            BackendErrorKind::Unavailable
+        } else if code.starts_with("53") || code.starts_with("58") {
             BackendErrorKind::Io
         } else if code.starts_with("57P") {
             return (
-                BackendErrorKind::Io,
+                BackendErrorKind::Unavailable,
                 format!(
                     "the server ended the connection ({}): nothing of this transaction was committed",
                     db.message()
@@ -59,7 +61,7 @@ fn describe(e: &postgres::Error) -> (BackendErrorKind, String) {
     }
     if e.is_closed() || io_error(e).is_some() {
         return (
-            BackendErrorKind::Io,
+            BackendErrorKind::Unavailable,
             format!(
                 "connection to the server dropped mid-transaction ({}): nothing of this \
                  transaction was committed (if it dropped during the commit, the commit may \

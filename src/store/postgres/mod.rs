@@ -182,7 +182,7 @@ impl PostgresBackend {
                 // Mid-run, a failed connect is a backend failure the caller may retry,
                 // not a bad URL.
                 Error::Open { reason, .. } => Error::Backend(crate::error::BackendError::new(
-                    crate::error::BackendErrorKind::Io,
+                    crate::error::BackendErrorKind::Unavailable,
                     format!("postgres: {reason}"),
                 )),
                 e => e,

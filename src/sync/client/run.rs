@@ -97,7 +97,9 @@ impl Client {
 
     /// Syncs, then keeps syncing as facts appear on either side until `stop` is set:
     /// each round waits on the server (long-poll, up to `wait`) for new facts. Transport
-    /// errors are recorded and retried after a second; `on_round` sees each round's outcome.
+    /// errors, and this store's database server being unavailable
+    /// ([`Error::is_unavailable`]), are recorded and retried after a second; `on_round`
+    /// sees each round's outcome.
     ///
     /// # Errors
     /// Store errors, remote errors that retrying cannot fix (401, 403), and a server that
@@ -125,6 +127,9 @@ impl Client {
                 | Err(Error::Protocol { .. }) => {
                     std::thread::sleep(Duration::from_secs(1));
                 }
+                // This node's database server is down or restarting: the store
+                // reconnects on the next round.
+                Err(e) if e.is_unavailable() => std::thread::sleep(Duration::from_secs(1)),
                 Err(e) => return Err(e),
             }
         }

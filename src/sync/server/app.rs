@@ -107,6 +107,14 @@ impl From<Error> for Failure {
                 "database is busy; retry",
             )
             .retry_after(1),
+            // The database server is down or restarting; the store reconnects on the
+            // next request.
+            e if e.is_unavailable() => Failure::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!("database unavailable; retry: {e}"),
+            )
+            .retry_after(1),
             other => Failure::internal(other.to_string()),
         }
     }
