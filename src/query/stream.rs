@@ -19,6 +19,7 @@ use std::collections::{HashSet, VecDeque};
 use super::model::Query;
 use super::run::{Givens, QueryRow, Reader, decode_top, top_plan, top_plan_after_key};
 use crate::error::Result;
+use crate::predicate::SortKey;
 use crate::store::{ReadTx, Store};
 
 /// How many results [`Store::query_iter`] reads per statement.
@@ -55,6 +56,47 @@ impl Store {
         mut f: impl FnMut(QueryRow) -> Result<()>,
     ) -> Result<()> {
         self.read(|r| Reader(r).query_each(query, givens, &mut f))
+    }
+
+    /// As [`Store::query_each`], for one page of a keyset paging: only the results that
+    /// sort after `after` (an earlier result's `order` and `key`, as [`QueryRow`] carries
+    /// them), and at most `limit` of them, which replaces the query's own `limit` (a
+    /// caller paging a limited query carries what is left of it). One statement, one
+    /// snapshot; a cursor kept between calls sees the writes made between them.
+    ///
+    /// # Errors
+    /// As [`Store::query_each`].
+    pub fn query_each_after(
+        &self,
+        query: &Query,
+        givens: &Givens,
+        after: Option<(&[SortKey], &[i64])>,
+        limit: Option<u64>,
+        mut f: impl FnMut(QueryRow) -> Result<()>,
+    ) -> Result<()> {
+        self.read(|tx| {
+            let plan = match after {
+                None => {
+                    let q = Query {
+                        limit,
+                        ..query.clone()
+                    };
+                    top_plan(tx.dialect(), &q, givens, None)?
+                }
+                Some(k) => top_plan_after_key(
+                    tx.dialect(),
+                    query,
+                    givens,
+                    k,
+                    limit.unwrap_or(i64::MAX as u64),
+                )?,
+            };
+            let r = Reader(tx);
+            let decode = decode_top(query);
+            r.each_row(&plan, &r.bind(&plan.params)?, &decode, &mut |env| {
+                f(r.row(query, &env)?)
+            })
+        })
     }
 
     /// Runs a query and returns its results as an iterator, read [`DEFAULT_PAGE`] at a
