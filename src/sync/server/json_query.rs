@@ -1,9 +1,11 @@
 //! `POST /v1/query`: a query's results as JSON, streamed as they are read, a page at a
 //! time (`docs/protocol.md`, "POST /v1/query").
 //!
-//! The query runs on a blocking thread as one statement ([`Store::query_each_after`])
-//! and writes its answer into 64 KiB chunks sent through a channel of 8, as a pull
-//! does: memory stays bounded whatever the number of results. The status is decided by
+//! The query runs on a blocking thread, as one statement for a page
+//! ([`Store::query_each_after`]) or as pages of [`STREAM_PAGE`] results in one snapshot
+//! for an answer of every result ([`Store::query_pages`]), and writes its answer into
+//! 64 KiB chunks sent through a channel of 8, as a pull does: memory stays bounded by
+//! the page, whatever the number of results. The status is decided by
 //! the first chunk: an error before it (a given of the wrong type, the statement
 //! failing) is an error answer; one after it cuts the body short, which a client tells
 //! by a body that is not a complete JSON object.
@@ -33,6 +35,8 @@ use crate::sync::wire::{self, QueryRequest};
 
 /// Bytes of answer gathered before a chunk is sent.
 const CHUNK_BYTES: usize = 64 * 1024;
+/// Results read per statement for an answer of every result.
+const STREAM_PAGE: usize = 10_000;
 
 /// A checked request: the parsed query, its givens and where the page starts.
 struct Page {
@@ -211,8 +215,7 @@ fn run(store: &Store, page: &Page, out: &mut Answer) -> crate::Result<()> {
     let mut last: Option<QueryRow> = None;
     let mut more = false;
     out.buf.extend_from_slice(b"{\"results\":[");
-    let after = page.after.as_ref().map(|(o, k)| (&o[..], &k[..]));
-    store.query_each_after(&page.query, &page.givens, after, want, |row| {
+    let mut each = |row: QueryRow| -> crate::Result<()> {
         if page.size.is_some_and(|n| count == n) {
             more = true;
             return Ok(());
@@ -225,7 +228,20 @@ fn run(store: &Store, page: &Page, out: &mut Answer) -> crate::Result<()> {
         out.maybe_flush()?;
         last = Some(row);
         Ok(())
-    })?;
+    };
+    match (&page.after, page.size) {
+        // Every result in one answer: pages of one snapshot, so that the rows held at
+        // once stay bounded on a backend that reads a statement's rows whole.
+        (None, None) => {
+            for row in store.query_pages(&page.query, &page.givens, STREAM_PAGE)? {
+                each(row?)?;
+            }
+        }
+        (after, _) => {
+            let after = after.as_ref().map(|(o, k)| (&o[..], &k[..]));
+            store.query_each_after(&page.query, &page.givens, after, want, each)?;
+        }
+    }
     let next = match last {
         Some(row) if more => Some(
             Cursor {
