@@ -73,17 +73,16 @@ pub(super) async fn query(
         let mut out = Answer {
             tx,
             buf: Vec::with_capacity(CHUNK_BYTES + 4096),
-            sent: false,
         };
         match run(&a.store, &page, &mut out) {
             Ok(()) => {
                 let _ = out.flush();
             }
-            Err(e) if !out.sent => {
+            // Before the first chunk, the error answer; after it, the body is cut (the
+            // connection is closed without the chunked body's last chunk).
+            Err(e) => {
                 let _ = out.tx.blocking_send(Msg::Fail(failure(e)));
             }
-            // Already answering 200: the body ends short of its closing brace.
-            Err(_) => {}
         }
     });
     let first = match rx.recv().await {
@@ -266,8 +265,6 @@ fn run(store: &Store, page: &Page, out: &mut Answer) -> crate::Result<()> {
 struct Answer {
     tx: mpsc::Sender<Msg>,
     buf: Vec<u8>,
-    /// Whether a chunk went out (the status is then 200).
-    sent: bool,
 }
 
 impl Answer {
@@ -284,7 +281,6 @@ impl Answer {
             &mut self.buf,
             Vec::with_capacity(CHUNK_BYTES + 4096),
         ));
-        self.sent = true;
         self.tx
             .blocking_send(Msg::Chunk(chunk))
             .map_err(|_| Error::Io(std::io::ErrorKind::BrokenPipe.into()))
