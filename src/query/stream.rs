@@ -64,6 +64,32 @@ impl Store {
     /// caller paging a limited query carries what is left of it). One statement, one
     /// snapshot; a cursor kept between calls sees the writes made between them.
     ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// # use precedent::query::{Givens, Query, QueryRow};
+    /// # let store = Store::open_in_memory()?;
+    /// for i in 0..5 {
+    ///     store.insert(&Fact::builder("Shop").field("n", i).build()?)?;
+    /// }
+    /// let q = Query::parse("match s: Shop order by s.n desc select s.n")?;
+    /// let (mut seen, mut last): (Vec<String>, Option<QueryRow>) = (Vec::new(), None);
+    /// loop {
+    ///     let after = last.as_ref().map(|r| (&r.order[..], &r.key[..]));
+    ///     let mut page = Vec::new();
+    ///     store.query_each_after(&q, &Givens::new(), after, Some(2), |row| {
+    ///         page.push(row);
+    ///         Ok(())
+    ///     })?;
+    ///     seen.extend(page.iter().map(|r| r.value.to_json().to_string()));
+    ///     match page.pop() {
+    ///         Some(r) => last = Some(r),
+    ///         None => break,
+    ///     }
+    /// }
+    /// assert_eq!(seen, ["4", "3", "2", "1", "0"]);
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`Store::query_each`].
     pub fn query_each_after(
