@@ -4,9 +4,13 @@
 //! length (`App::push_budget`), so the bodies held at once are bounded whatever the
 //! number of pushes in flight; one that cannot get them within half the request timeout
 //! is answered 503 `busy` with `Retry-After`. The body is read into one buffer of its
-//! announced length, then split, decoded and stored in chunks of [`CHUNK`] facts inside
-//! the one write transaction: the index of its records and one chunk of decoded facts
-//! exist only for the push that holds the writer, beside the bodies that wait.
+//! announced length, split into records once it has the push turn (one push at a
+//! time), then decoded and stored in chunks of [`CHUNK`] facts inside the one write
+//! transaction: the index of its records and one chunk of decoded facts exist only for
+//! the push whose turn it is, beside the bodies that wait.
+//!
+//! The body is a CBOR sequence or, in the JSON API, facts in the JSON form
+//! (`json_api`): the two differ only in how records are split and decoded.
 //!
 //! Decoding and re-hashing run on every core (`crate::ingest`, as `import` does), a few
 //! pieces of 1,000 records ahead of the writer, which takes the facts in body order: the
