@@ -19,6 +19,7 @@ use std::collections::{HashSet, VecDeque};
 use super::model::Query;
 use super::run::{Givens, QueryRow, Reader, decode_top, top_plan, top_plan_after_key};
 use crate::error::Result;
+use crate::predicate::SortKey;
 use crate::store::{ReadTx, Store};
 
 /// How many results [`Store::query_iter`] reads per statement.
@@ -55,6 +56,73 @@ impl Store {
         mut f: impl FnMut(QueryRow) -> Result<()>,
     ) -> Result<()> {
         self.read(|r| Reader(r).query_each(query, givens, &mut f))
+    }
+
+    /// As [`Store::query_each`], for one page of a keyset paging: only the results that
+    /// sort after `after` (an earlier result's `order` and `key`, as [`QueryRow`] carries
+    /// them), and at most `limit` of them, which replaces the query's own `limit` (a
+    /// caller paging a limited query carries what is left of it). One statement, one
+    /// snapshot; a cursor kept between calls sees the writes made between them.
+    ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// # use precedent::query::{Givens, Query, QueryRow};
+    /// # let store = Store::open_in_memory()?;
+    /// for i in 0..5 {
+    ///     store.insert(&Fact::builder("Shop").field("n", i).build()?)?;
+    /// }
+    /// let q = Query::parse("match s: Shop order by s.n desc select s.n")?;
+    /// let (mut seen, mut last): (Vec<String>, Option<QueryRow>) = (Vec::new(), None);
+    /// loop {
+    ///     let after = last.as_ref().map(|r| (&r.order[..], &r.key[..]));
+    ///     let mut page = Vec::new();
+    ///     store.query_each_after(&q, &Givens::new(), after, Some(2), |row| {
+    ///         page.push(row);
+    ///         Ok(())
+    ///     })?;
+    ///     seen.extend(page.iter().map(|r| r.value.to_json().to_string()));
+    ///     match page.pop() {
+    ///         Some(r) => last = Some(r),
+    ///         None => break,
+    ///     }
+    /// }
+    /// assert_eq!(seen, ["4", "3", "2", "1", "0"]);
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Store::query_each`].
+    pub fn query_each_after(
+        &self,
+        query: &Query,
+        givens: &Givens,
+        after: Option<(&[SortKey], &[i64])>,
+        limit: Option<u64>,
+        mut f: impl FnMut(QueryRow) -> Result<()>,
+    ) -> Result<()> {
+        self.read(|tx| {
+            let plan = match after {
+                None => {
+                    let q = Query {
+                        limit,
+                        ..query.clone()
+                    };
+                    top_plan(tx.dialect(), &q, givens, None)?
+                }
+                Some(k) => top_plan_after_key(
+                    tx.dialect(),
+                    query,
+                    givens,
+                    k,
+                    limit.unwrap_or(i64::MAX as u64),
+                )?,
+            };
+            let r = Reader(tx);
+            let decode = decode_top(query);
+            r.each_row(&plan, &r.bind(&plan.params)?, &decode, &mut |env| {
+                f(r.row(query, &env)?)
+            })
+        })
     }
 
     /// Runs a query and returns its results as an iterator, read [`DEFAULT_PAGE`] at a

@@ -26,6 +26,11 @@ pub const PATH_FETCH: &str = "/v1/fetch";
 /// `POST`: a pull whose parameters come in a JSON body ([`PullRequest`]), for a scope
 /// with more roots than fit in a URL.
 pub const PATH_PULL: &str = "/v1/pull";
+/// `GET`: one released fact by its full hash, as JSON or canonical CBOR (the route, with
+/// the hash as its one parameter).
+pub const PATH_FACT: &str = "/v1/facts/{hash}";
+/// `POST`: run a query ([`QueryRequest`]), its results streamed as JSON, a page at a time.
+pub const PATH_QUERY: &str = "/v1/query";
 /// The most roots one scoped pull may name.
 pub const MAX_ROOTS: usize = 1024;
 /// `GET`: metrics in the Prometheus text format.
@@ -33,8 +38,15 @@ pub const PATH_METRICS: &str = "/metrics";
 
 /// A CBOR sequence (RFC 8742): canonical fact encodings back to back.
 pub const CBOR_SEQ: &str = "application/cbor-seq";
-/// JSON bodies: push reports, info, fetch requests and every error.
+/// JSON bodies: push reports, info, fetch requests and every error; a push of facts in
+/// the JSON form, as one array.
 pub const JSON: &str = "application/json";
+/// A push of facts in the JSON form, one per line (JSON Lines).
+pub const JSON_LINES: &str = "application/jsonl";
+/// The other name of [`JSON_LINES`] that clients send.
+pub const NDJSON: &str = "application/x-ndjson";
+/// One fact's canonical encoding (`GET /v1/facts/HASH` with `Accept: application/cbor`).
+pub const CBOR: &str = "application/cbor";
 
 /// Pull answer: the server sequence of the last fact in the page (the next bookmark).
 pub const HEADER_THROUGH: &str = "precedent-through";
@@ -153,6 +165,23 @@ pub struct PushReport {
     /// servers before it was added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seqs: Vec<(i64, i64)>,
+}
+
+/// The body of `POST /v1/query`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct QueryRequest {
+    /// The query in the text syntax (`docs/queries.md`).
+    pub query: String,
+    /// Each given label of the query bound to a fact's full hash.
+    #[serde(default)]
+    pub givens: std::collections::BTreeMap<String, String>,
+    /// Most results in the answer; absent, every result in one answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<u64>,
+    /// The `next` of the previous page: results after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
 }
 
 /// The body of `POST /v1/fetch`.

@@ -149,14 +149,32 @@ pub fn raw_http(
     body: &[u8],
     token: Option<&str>,
 ) -> (u16, Vec<u8>) {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = Vec::new();
+    if !content_type.is_empty() {
+        headers.push(("content-type", content_type));
+    }
+    if let Some(a) = &auth {
+        headers.push(("authorization", a.as_str()));
+    }
+    let (status, _, body) = raw_http_with(addr, method, path, &headers, body);
+    (status, body)
+}
+
+/// One raw HTTP/1.1 request with the given headers: the status, the response head
+/// (lowercased) and the body (de-chunked).
+pub fn raw_http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut head = format!("{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
-    if !content_type.is_empty() {
-        head.push_str(&format!("content-type: {content_type}\r\n"));
-    }
-    if let Some(t) = token {
-        head.push_str(&format!("authorization: Bearer {t}\r\n"));
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
     s.write_all(head.as_bytes()).unwrap();
@@ -174,7 +192,7 @@ pub fn raw_http(
     if head.contains("transfer-encoding: chunked") {
         body = dechunk(&body);
     }
-    (status, body)
+    (status, head, body)
 }
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {

@@ -26,6 +26,8 @@ use crate::sync::wire;
 mod access;
 mod app;
 mod http_errors;
+mod json_api;
+mod json_query;
 mod push;
 mod routes;
 

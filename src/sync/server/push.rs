@@ -4,9 +4,13 @@
 //! length (`App::push_budget`), so the bodies held at once are bounded whatever the
 //! number of pushes in flight; one that cannot get them within half the request timeout
 //! is answered 503 `busy` with `Retry-After`. The body is read into one buffer of its
-//! announced length, then split, decoded and stored in chunks of [`CHUNK`] facts inside
-//! the one write transaction: the index of its records and one chunk of decoded facts
-//! exist only for the push that holds the writer, beside the bodies that wait.
+//! announced length, split into records once it has the push turn (one push at a
+//! time), then decoded and stored in chunks of [`CHUNK`] facts inside the one write
+//! transaction: the index of its records and one chunk of decoded facts exist only for
+//! the push whose turn it is, beside the bodies that wait.
+//!
+//! The body is a CBOR sequence or, in the JSON API, facts in the JSON form
+//! (`json_api`): the two differ only in how records are split and decoded.
 //!
 //! Decoding and re-hashing run on every core (`crate::ingest`, as `import` does), a few
 //! pieces of 1,000 records ahead of the writer, which takes the facts in body order: the
@@ -22,7 +26,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 
 use super::app::{App, Caller, Failure, Need, authorize};
-use super::routes::{json_response, require_content_type, too_many};
+use super::json_api::{PushForm, decode_json, json_records};
+use super::routes::{json_response, too_many};
 use crate::error::Error;
 use crate::fact::Fact;
 use crate::hash::FactHash;
@@ -41,7 +46,7 @@ pub(super) async fn push(
     body: Body,
 ) -> Result<Response, Failure> {
     let caller = authorize(&app, &headers, Need::Write)?;
-    require_content_type(&headers, wire::CBOR_SEQ)?;
+    let form = PushForm::of(&headers)?;
     inc(&app.metrics.requests_push, 1);
     let (_permit, announced) = take_budget(&app, &headers).await?;
     let bytes = read_push_body(&app, body, announced).await?;
@@ -55,9 +60,15 @@ pub(super) async fn push(
         .await
         .map_err(|_| Failure::internal("server is shutting down".into()))?;
     let a = app.clone();
-    let report = tokio::task::spawn_blocking(move || store_push(&a, &caller, &bytes))
-        .await
-        .map_err(|e| Failure::internal(format!("worker failed: {e}")))??;
+    let report = tokio::task::spawn_blocking(move || match form {
+        PushForm::Cbor => store_push(&a, &caller, &bytes),
+        json => {
+            let records = json_records(&bytes, json)?;
+            store_records(&a, &caller, &records, decode_json)
+        }
+    })
+    .await
+    .map_err(|e| Failure::internal(format!("worker failed: {e}")))??;
     let mut r = json_response(&report);
     r.headers_mut()
         .insert(wire::HEADER_STORE, app.store_id.clone());
@@ -132,28 +143,37 @@ async fn read_push_body(
     Ok(out)
 }
 
-/// Splits, checks and stores one push body in one transaction.
+/// Splits, checks and stores one CBOR push body in one transaction.
 fn store_push(app: &App, caller: &Caller, bytes: &[u8]) -> Result<PushReport, Failure> {
+    let records = wire::split_records(bytes);
+    let decode = |r: &Result<&[u8], wire::FramingError>| match r {
+        Ok(b) => ingest::decode(b),
+        Err(e) => Err((e.reason.clone(), e.bytes.clone())),
+    };
+    store_records(app, caller, &records, decode)
+}
+
+/// Checks and stores the records of one push body in one transaction: the record limit
+/// first, then each record decoded by `decode` (on every core, taken in body order),
+/// valid facts stored in chunks and refused records quarantined.
+fn store_records<T: Sync>(
+    app: &App,
+    caller: &Caller,
+    records: &[T],
+    decode: impl Fn(&T) -> ingest::Decoded + Send + Sync,
+) -> Result<PushReport, Failure> {
     let max = app.limits.max_facts_per_request;
+    if records.len() as u64 > max {
+        return Err(too_many(records.len() as u64, max, "records"));
+    }
     let mut refusal: Option<Failure> = None;
     let result = app.store.write(|w| {
-        let records = wire::split_records(bytes);
-        if records.len() as u64 > max {
-            refusal = Some(too_many(records.len() as u64, max, "records"));
-            return Err(Error::SyncConfig {
-                reason: "too many records".into(),
-            });
-        }
         inc(&app.metrics.facts_received, records.len() as u64);
         let mut push = Push::new(w.max_seq()?);
         let mut chunk = Vec::with_capacity(CHUNK.min(records.len()));
         // Decoded and re-hashed on every core, taken here in body order.
-        let decode = |r: &Result<&[u8], wire::FramingError>| match r {
-            Ok(b) => ingest::decode(b),
-            Err(e) => Err((e.reason.clone(), e.bytes.clone())),
-        };
         let mut i = 0;
-        ingest::for_each_in_order(&records, app.decode_threads, decode, |fact| {
+        ingest::for_each_in_order(records, app.decode_threads, decode, |fact| {
             let index = i;
             i += 1;
             match fact {

@@ -1,5 +1,5 @@
 //! The routes: health, info, metrics, pull (paged, long-poll, scoped, streamed), push and
-//! fetch.
+//! fetch; one fact by hash and queries, in JSON (`json_api`, `json_query`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +28,8 @@ pub(super) fn router(app: Arc<App>) -> Router {
         .route(wire::PATH_HEALTH, get(health))
         .route(wire::PATH_INFO, get(info))
         .route(wire::PATH_FACTS, get(pull).post(super::push::push))
+        .route(wire::PATH_FACT, get(super::json_api::get_fact))
+        .route(wire::PATH_QUERY, post(super::json_query::query))
         .route(wire::PATH_PULL, post(pull_with_body))
         .route(wire::PATH_FETCH, post(fetch))
         .route(wire::PATH_METRICS, get(metrics))
@@ -48,17 +50,24 @@ async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
         )
         .into_response(),
     };
-    if response.status() == StatusCode::METHOD_NOT_ALLOWED {
-        inc(&app.metrics.errors, 1);
-        return error_response(
+    let mut response = if response.status() == StatusCode::METHOD_NOT_ALLOWED {
+        error_response(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
             "method not allowed on this endpoint",
-        );
-    }
+        )
+    } else {
+        response
+    };
     if !response.status().is_success() {
         inc(&app.metrics.errors, 1);
     }
+    // No answer is to be read as anything but its declared type: a JSON answer holding
+    // `<script>` is not HTML to a browser.
+    response.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     response
 }
 
