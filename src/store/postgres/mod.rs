@@ -10,6 +10,7 @@
 //! - `write.rs`: inserts, the held set and its cascades, release; `held.rs`: dropping
 //!   held facts.
 //! - `read.rs`: reads; `verify.rs`: the whole-store check.
+//! - `notify.rs`: the listener that wakes waiters on `NOTIFY` (started by the first wait).
 //!
 //! Concurrency (`docs/design.md`, "The PostgreSQL backend"): writes run READ COMMITTED
 //! and take one transaction-level advisory lock before their first fact or held-set
@@ -23,6 +24,7 @@ mod errors;
 mod held;
 mod migrate;
 mod names;
+mod notify;
 mod params;
 mod read;
 mod verify;
@@ -65,6 +67,8 @@ pub struct PostgresBackend {
     url: String,
     idle: Mutex<Vec<conn::PgConn>>,
     pub(crate) shared: Shared,
+    /// The `LISTEN` thread, once something waits for a wake-up.
+    listener: Mutex<Option<notify::Listener>>,
 }
 
 pub(crate) type PgBackend = PostgresBackend;
@@ -74,6 +78,13 @@ impl Drop for PostgresBackend {
     /// on a runtime of its own, which panics inside an async runtime ("Cannot start a
     /// runtime from within a runtime"), where a sync server drops its store.
     fn drop(&mut self) {
+        // Stopped and joined first: it holds a connection of its own.
+        drop(
+            self.listener
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner()));
         if !idle.is_empty() {
             let _ = std::thread::spawn(move || drop(idle)).join();
@@ -106,6 +117,7 @@ impl PostgresBackend {
                 options,
                 reprepares: AtomicU64::new(0),
             },
+            listener: Mutex::new(None),
         };
         let mut first = backend.connect()?;
         backend.check_version(&mut first.client)?;
@@ -239,5 +251,16 @@ impl Backend for PostgresBackend {
 
     fn path(&self) -> Option<&std::path::Path> {
         None
+    }
+
+    fn listen(&self, wake: &std::sync::Arc<crate::store::Wake>) {
+        let mut listener = lock(&self.listener);
+        if listener.is_some() {
+            return;
+        }
+        let config = self.config.clone();
+        let connect = move || config.connect(NoTls).map_err(|e| e.to_string());
+        // A thread that cannot start leaves the waiters polling; the next wait tries again.
+        *listener = notify::Listener::start(connect, wake.clone()).ok();
     }
 }
