@@ -10,6 +10,8 @@
 //! - `write.rs`: inserts, the held set and its cascades, release; `held.rs`: dropping
 //!   held facts.
 //! - `read.rs`: reads; `verify.rs`: the whole-store check.
+//! - `tls.rs`: `sslmode`, `sslrootcert`, `sslcert`, `sslkey` as libpq reads them, over
+//!   rustls.
 //! - `notify.rs`: the listener that wakes waiters on `NOTIFY` (started by the first wait).
 //!
 //! Concurrency (`docs/design.md`, "The PostgreSQL backend"): writes run READ COMMITTED
@@ -27,6 +29,7 @@ mod names;
 mod notify;
 mod params;
 mod read;
+mod tls;
 mod verify;
 mod write;
 
@@ -63,6 +66,8 @@ pub(crate) struct Shared {
 /// A store's database in PostgreSQL.
 pub struct PostgresBackend {
     config: postgres::Config,
+    /// The TLS connector, `None` with `sslmode=disable`.
+    tls: Option<tls::MakeRustlsConnect>,
     /// The URL as given, with its password hidden: what messages name.
     url: String,
     idle: Mutex<Vec<conn::PgConn>>,
@@ -94,7 +99,9 @@ impl Drop for PostgresBackend {
 
 impl PostgresBackend {
     /// Connects to the database at `url` (a libpq URL: user, password, host, port,
-    /// database, `sslmode=disable|prefer`, `application_name`, `connect_timeout`, ...),
+    /// database, `application_name`, `connect_timeout`, ..., and TLS as libpq's
+    /// `sslmode=disable|prefer|require|verify-ca|verify-full`, `sslrootcert`, `sslcert`,
+    /// `sslkey`: see `tls.rs`),
     /// checks the server's version and migrates the schema.
     ///
     /// # Errors
@@ -103,13 +110,18 @@ impl PostgresBackend {
     /// [`Error::SchemaTooNew`]; [`Error::NeedsMigration`] for a read-only open of an older
     /// schema.
     pub fn open(url: &str, options: StoreOptions) -> Result<PostgresBackend> {
-        let mut config = postgres::Config::from_str(url)
-            .map_err(|e| errors::open(url, format!("not a postgresql url: {e}").to_lowercase()))?;
+        let bad =
+            |e: String| errors::open(url, format!("not a postgresql url: {e}").to_lowercase());
+        let (driver_url, tls) = tls::split(url).map_err(bad)?;
+        let mut config = postgres::Config::from_str(&driver_url).map_err(|e| bad(e.to_string()))?;
+        config.ssl_mode(tls.driver_mode());
+        let tls = tls.connector().map_err(|e| errors::open(url, e))?;
         if config.get_application_name().is_none() {
             config.application_name("precedent");
         }
         let backend = PostgresBackend {
             config,
+            tls,
             url: errors::redact(url),
             idle: Mutex::new(Vec::new()),
             shared: Shared {
@@ -152,9 +164,7 @@ impl PostgresBackend {
 
     /// A new connection, set up for the store's options.
     fn connect(&self) -> Result<conn::PgConn> {
-        let mut client = self
-            .config
-            .connect(NoTls)
+        let mut client = connect(&self.config, self.tls.as_ref())
             .map_err(|e| errors::connect(e, &self.url, &self.config))?;
         let o = &self.shared.options;
         let sync = match o.durability {
@@ -218,6 +228,17 @@ impl PostgresBackend {
     }
 }
 
+/// A client connected as `config` says, over TLS when `tls` is given.
+fn connect(
+    config: &postgres::Config,
+    tls: Option<&tls::MakeRustlsConnect>,
+) -> std::result::Result<Client, postgres::Error> {
+    match tls {
+        Some(tls) => config.connect(tls.clone()),
+        None => config.connect(NoTls),
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -258,8 +279,8 @@ impl Backend for PostgresBackend {
         if listener.is_some() {
             return;
         }
-        let config = self.config.clone();
-        let connect = move || config.connect(NoTls).map_err(|e| e.to_string());
+        let (config, tls) = (self.config.clone(), self.tls.clone());
+        let connect = move || connect(&config, tls.as_ref()).map_err(|e| e.to_string());
         // A thread that cannot start leaves the waiters polling; the next wait tries again.
         *listener = notify::Listener::start(connect, wake.clone()).ok();
     }
