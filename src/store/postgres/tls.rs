@@ -147,26 +147,25 @@ impl Settings {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("tls: {e}"))?;
-        let builder =
-            match self.mode {
-                Mode::Prefer | Mode::Require => builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(Unchecked(
-                        provider.signature_verification_algorithms,
-                    ))),
-                _ => {
-                    let roots = Arc::new(self.roots()?);
-                    let full = WebPkiServerVerifier::builder_with_provider(roots, provider)
-                        .build()
-                        .map_err(|e| format!("tls: {e}"))?;
-                    match self.mode {
-                        Mode::VerifyFull => builder.with_webpki_verifier(full),
-                        _ => builder
-                            .dangerous()
-                            .with_custom_certificate_verifier(Arc::new(AnyName(full))),
-                    }
+        let algorithms = provider.signature_verification_algorithms;
+        let any_name = |chain| Arc::new(AnyName { chain, algorithms });
+        let builder = match self.mode {
+            Mode::Prefer | Mode::Require => builder
+                .dangerous()
+                .with_custom_certificate_verifier(any_name(None)),
+            _ => {
+                let roots = Arc::new(self.roots()?);
+                let full = WebPkiServerVerifier::builder_with_provider(roots, provider)
+                    .build()
+                    .map_err(|e| format!("tls: {e}"))?;
+                match self.mode {
+                    Mode::VerifyFull => builder.with_webpki_verifier(full),
+                    _ => builder
+                        .dangerous()
+                        .with_custom_certificate_verifier(any_name(Some(full))),
                 }
-            };
+            }
+        };
         let config = match (&self.cert, &self.key) {
             (Some(cert), Some(key)) => {
                 let certs = CertificateDer::pem_file_iter(cert)
@@ -204,49 +203,15 @@ impl Settings {
     }
 }
 
-/// `prefer` and `require`: any certificate (the handshake's signatures still checked).
+/// The verifier of `prefer` and `require` (`chain: None`: any certificate) and of
+/// `verify-ca` (the chain is checked, the name is not: webpki checks the chain first, so a
+/// name error comes only for a certificate that chains to the roots). The handshake's
+/// signatures are checked either way.
 #[derive(Debug)]
-struct Unchecked(WebPkiSupportedAlgorithms);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_schemes()
-    }
+struct AnyName {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    algorithms: WebPkiSupportedAlgorithms,
 }
-
-/// `verify-ca`: the chain is checked, the name is not (webpki checks the chain first, so
-/// a name error comes only for a certificate that chains to the roots).
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
 
 impl ServerCertVerifier for AnyName {
     fn verify_server_cert(
@@ -257,10 +222,10 @@ impl ServerCertVerifier for AnyName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -274,7 +239,7 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -283,10 +248,10 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.algorithms.supported_schemes()
     }
 }
