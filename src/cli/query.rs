@@ -40,8 +40,9 @@ pub struct QueryArgs {
 pub struct WatchArgs {
     #[command(flatten)]
     pub query: QueryArgs,
-    /// How often to look for new facts (the most a change waits): 50ms, 1s; a bare number
-    /// is milliseconds.
+    /// The longest wait between two looks for new facts, for changes nothing announces
+    /// (another process's write to a SQLite file): 50ms, 1s; a bare number is
+    /// milliseconds. On PostgreSQL each commit wakes the watch at once.
     #[arg(long = "interval", alias = "interval-ms", value_name = "DUR", default_value = "50ms",
           value_parser = super::time::parse_ms_or_duration)]
     pub interval: Duration,
@@ -152,7 +153,10 @@ pub fn watch(g: &Global, args: WatchArgs) -> anyhow::Result<Status> {
     drop(out);
     watch.interval = args.interval.max(Duration::from_millis(1));
     loop {
-        for change in watch.wait(&store, Duration::from_secs(1))? {
+        // Woken by each commit announced (on PostgreSQL, any process's), else polls
+        // every interval.
+        let interval = watch.interval;
+        for change in watch.wait(&store, interval)? {
             match change {
                 Change::Added(r) => {
                     let at = shown.partition_point(|x| x.cmp_in(&r, &query).is_lt());

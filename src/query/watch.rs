@@ -30,9 +30,14 @@
 //!
 //! A given that is not released when the watch starts makes the query empty until it is;
 //! the poll that sees it runs the whole query once. Facts released from the held set, or
-//! written by another process on the same file, get sequence numbers like any other and
-//! are seen by the next poll: [`Watch::wait`] polls every [`Watch::interval`] (default
-//! 50 ms), which bounds the delay.
+//! written by another process, get sequence numbers like any other and are seen by the
+//! next poll. [`Watch::wait`] (and the iterator, the thread and the stream built on it)
+//! polls again when the store wakes it ([`Store::wait_for_wake`]): at once after a commit
+//! through the same `Store` and, on PostgreSQL, after a commit that released facts in any
+//! process on any host (`LISTEN`/`NOTIFY`). [`Watch::interval`] (default 50 ms) is the
+//! fallback: the longest wait between two polls, which bounds the delay for what nothing
+//! announces (another process's write to a SQLite file; a write while the PostgreSQL
+//! listener is reconnecting).
 //!
 //! Child collections of the projection are followed the same way: each place a fact type
 //! occurs in a collection (or in an exists inside one) has a statement finding the kept
@@ -89,7 +94,8 @@ pub struct Watch {
     /// The query for one result key (slots: the key).
     recheck: Compiled,
     givens_released: bool,
-    /// How often [`Watch::wait`] polls.
+    /// The longest [`Watch::wait`] waits for a wake-up before it polls anyway: the delay
+    /// for changes nothing announces (another process's write to a SQLite file).
     pub interval: Duration,
 }
 impl Store {
@@ -476,18 +482,23 @@ impl Watch {
         Ok(())
     }
 
-    /// Polls every [`Watch::interval`] until there are changes or `timeout` has passed.
+    /// Polls until there are changes or `timeout` has passed: again at each wake-up of
+    /// the store ([`Store::wait_for_wake`]: a commit through it and, on PostgreSQL, a
+    /// commit from anywhere), and at least every [`Watch::interval`].
     ///
     /// # Errors
     /// As [`Watch::poll`].
     pub fn wait(&mut self, store: &Store, timeout: Duration) -> Result<Vec<Change>> {
         let deadline = Instant::now() + timeout;
         loop {
+            // Taken before the poll: a commit after it ends the wait below at once.
+            let mark = store.wake_mark();
             let changes = self.poll(store)?;
-            if !changes.is_empty() || Instant::now() >= deadline {
+            let now = Instant::now();
+            if !changes.is_empty() || now >= deadline {
                 return Ok(changes);
             }
-            std::thread::sleep(self.interval.min(deadline - Instant::now()));
+            store.wait_for_wake(mark, self.interval.min(deadline - now));
         }
     }
 }

@@ -777,6 +777,14 @@ pub trait Backend: Send + Sync {
 
     /// The database's file, if it has one.
     fn path(&self) -> Option<&std::path::Path>;
+
+    /// Called before each wait for a wake-up ([`super::Store::wait_for_wake`]): a backend
+    /// that can learn of other processes' commits starts doing so here, bumping `wake`
+    /// for each (the PostgreSQL backend starts its `LISTEN` thread on the first call). By
+    /// default nothing: the store's own commits bump it, and waiters poll for the rest.
+    fn listen(&self, wake: &std::sync::Arc<super::Wake>) {
+        let _ = wake;
+    }
 }
 
 impl super::Store {

@@ -11,6 +11,7 @@
 //! - `steps.rs`, `shared.rs`: what the backends share beyond the seam (the steps of an
 //!   insert, the rules of `verify`, prefixes and schema versions).
 //! - `held.rs`: dropping held facts that will never be released.
+//! - `wake.rs`: wake-ups for threads waiting for new facts ([`Store::wait_for_wake`]).
 //!
 //! The core knows nothing of what is built on it: queues (`src/queue/`), sync
 //! (`src/sync/`) and queries (`src/query/`) reach the database through this module's
@@ -32,6 +33,7 @@ pub(crate) mod shared;
 mod sqlite;
 pub(crate) mod steps;
 mod types;
+mod wake;
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -51,6 +53,7 @@ pub use backend::{
     RowSource, Sql, SqlExt, SqlValue, ValueRef, WriteTx,
 };
 pub use sqlite::{SCHEMA_VERSION, SqliteBackend};
+pub use wake::{CHANNEL as NOTIFY_CHANNEL, Wake, WakeMark};
 
 /// A store path as messages and logs may show it: a PostgreSQL URL with its password
 /// (`user:password@`, `password=`) replaced by `***`; a file path as it is.
@@ -186,6 +189,8 @@ pub struct Store {
     backend: Box<dyn Backend>,
     options: StoreOptions,
     extensions: Extensions,
+    /// Bumped by each commit of this store and, on PostgreSQL, by the listener.
+    wake: Arc<Wake>,
 }
 
 impl Store {
@@ -287,7 +292,35 @@ impl Store {
             backend,
             options,
             extensions: Extensions::default(),
+            wake: Arc::new(Wake::default()),
         }
+    }
+
+    /// The store's wake-ups so far: take a mark *before* reading, then
+    /// [`Store::wait_for_wake`] after the read found nothing new.
+    pub fn wake_mark(&self) -> WakeMark {
+        self.wake.mark()
+    }
+
+    /// Waits until something may have been released after `mark`, or until `timeout` has
+    /// passed; `true` when woken (read again: a wake-up may find nothing new). Woken by
+    /// every commit through this `Store` and, on PostgreSQL, by every commit that
+    /// released facts from any process or host (`LISTEN`/`NOTIFY`). Commits by other
+    /// processes on SQLite wake nothing: bound the wait by a poll interval.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use precedent::{Fact, Store};
+    /// let store = Store::open_in_memory()?;
+    /// let mark = store.wake_mark();
+    /// assert!(!store.wait_for_wake(mark, Duration::from_millis(1)));
+    /// store.insert(&Fact::builder("Shop").build()?)?;
+    /// assert!(store.wait_for_wake(mark, Duration::from_secs(3600)));
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    pub fn wait_for_wake(&self, mark: WakeMark, timeout: Duration) -> bool {
+        self.backend.listen(&self.wake);
+        self.wake.wait(mark, timeout)
     }
 
     /// The options the store was opened with.
@@ -762,7 +795,9 @@ impl<'a> Writer<'a> {
                 hook.before_commit(&mut ctx)?;
             }
         }
-        self.tx.commit()
+        self.tx.commit()?;
+        self.store.wake.wake_all();
+        Ok(())
     }
 }
 

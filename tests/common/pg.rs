@@ -417,3 +417,47 @@ fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) {
         cmd.env("HOME", "/tmp").env_remove("PGDATA");
     }
 }
+
+/// The role that may connect over TCP only with TLS (`hostssl`; plain `host` rejected),
+/// once [`Cluster::enable_tls`] ran.
+pub const TLS_USER: &str = "tls_user";
+
+impl Cluster {
+    /// Turns TLS on (`ssl=on`, reloaded) with the server certificate and key given as PEM,
+    /// and adds [`TLS_USER`], whom `pg_hba.conf` lets in over TCP with TLS only. Every
+    /// other role may still connect in plain text.
+    pub fn enable_tls(&self, cert_pem: &str, key_pem: &str) {
+        let data = self.dir.join("data");
+        for (name, pem) in [("server.crt", cert_pem), ("server.key", key_pem)] {
+            let path = data.join(name);
+            std::fs::write(&path, pem).unwrap();
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .unwrap();
+            if let Some((uid, gid)) = self.user {
+                chown_all(&path, uid, gid);
+            }
+        }
+        let hba = data.join("pg_hba.conf");
+        let rest = std::fs::read_to_string(&hba).unwrap();
+        std::fs::write(
+            &hba,
+            format!(
+                "hostssl all {TLS_USER} 127.0.0.1/32 trust\n\
+                 host all {TLS_USER} 127.0.0.1/32 reject\n{rest}"
+            ),
+        )
+        .unwrap();
+        self.psql(
+            "postgres",
+            &format!("CREATE ROLE {TLS_USER} LOGIN SUPERUSER"),
+        );
+        self.psql("postgres", "ALTER SYSTEM SET ssl = on");
+        self.psql("postgres", "SELECT pg_reload_conf()");
+        // The reload is asynchronous: wait (bounded) until the server says it is on.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.psql("postgres", "SHOW ssl") != "on" {
+            assert!(Instant::now() < deadline, "ssl did not turn on");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

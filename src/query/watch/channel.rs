@@ -1,7 +1,8 @@
 //! Delivering a watch's changes to another thread, or to async code.
 //!
-//! [`Watch::spawn`] moves the watch to a thread of its own, which polls every
-//! [`Watch::interval`] (through [`Watch::changes`]) and sends each change into a channel;
+//! [`Watch::spawn`] moves the watch to a thread of its own, which polls at each wake-up
+//! of the store and at least every [`Watch::interval`] (through [`Watch::changes`]) and
+//! sends each change into a channel;
 //! the [`WatchHandle`] is the receiving end. [`Watch::into_stream`] does the same for async
 //! code: the thread sends into a tokio channel and the [`WatchStream`] is a
 //! `futures_util::Stream`, so no database call runs on the runtime's worker threads.
@@ -13,7 +14,8 @@
 //! Why a flag beside the channel: a std receiver that is dropped tells its sender nothing
 //! until a send fails, and a watch whose query sees no new facts never sends. So the
 //! receiving end sets a flag when it is stopped or dropped, and the thread checks it before
-//! each poll ([`Stop::when`]): it ends within one interval plus one poll.
+//! each poll and every 50 ms while it waits ([`Stop::when`]): it ends within that plus one
+//! poll.
 //!
 //! The channel holds at most [`CHANNEL_CAPACITY`] changes. A consumer that falls behind holds the
 //! thread back, not memory: the facts wait in the database, and the next poll takes them
@@ -63,7 +65,7 @@ fn start<T: Send + 'static>(
 /// Each change arrives once, in the order [`Watch::poll`] finds them. An error from a poll
 /// arrives as an `Err` item, and the thread ends after it. Stopping or dropping the handle
 /// ends the thread: [`WatchHandle::stop`] gives the watch back, a drop waits for the thread
-/// (at most one [`Watch::interval`] plus one poll).
+/// (at most 50 ms plus one poll).
 #[must_use = "a watch handle delivers nothing unless it is read"]
 pub struct WatchHandle {
     // An `Option` so that stopping can close the channel before it joins the thread: a
@@ -83,8 +85,9 @@ impl std::fmt::Debug for WatchHandle {
 }
 
 impl Watch {
-    /// Moves the watch to a thread of its own that polls `store` every
-    /// [`Watch::interval`] and sends each change to the returned handle. The current
+    /// Moves the watch to a thread of its own that polls `store` at each of its wake-ups
+    /// and at least every [`Watch::interval`], and sends each change to the returned
+    /// handle. The current
     /// results stay in [`Watch::results`] (read them before, or get the watch back with
     /// [`WatchHandle::stop`]); the handle brings what changes after them, also facts that
     /// other threads or processes write to the same file.
@@ -227,7 +230,7 @@ mod stream {
     /// thread of its own, and the stream yields each change it finds.
     ///
     /// An error from a poll is yielded as an `Err` item, and the stream ends after it.
-    /// Dropping the stream ends the thread within one [`Watch::interval`] plus one poll,
+    /// Dropping the stream ends the thread within 50 ms plus one poll,
     /// without waiting for it; [`WatchStream::stop`] waits and gives the watch back.
     #[must_use = "streams do nothing unless polled"]
     pub struct WatchStream {
@@ -245,8 +248,9 @@ mod stream {
     }
 
     impl Watch {
-        /// Moves the watch to a thread of its own that polls `store` every
-        /// [`Watch::interval`], and returns the changes as an async stream. Database calls
+        /// Moves the watch to a thread of its own that polls `store` at each of its
+        /// wake-ups and at least every [`Watch::interval`], and returns the changes as an
+        /// async stream. Database calls
         /// stay on that thread, so awaiting the stream never blocks the runtime; it may be
         /// called outside a runtime too.
         ///

@@ -1,5 +1,6 @@
 //! Delivering a watch's changes one at a time: an iterator that polls as [`Watch::wait`]
-//! does, and a callback form over it, both until a [`Stop`] says so.
+//! does (at each wake-up of the store, at least every [`Watch::interval`]), and a
+//! callback form over it, both until a [`Stop`] says so.
 //!
 //! Both borrow the store for as long as they deliver, so the thread that delivers does not
 //! write meanwhile: facts come from other threads' or processes' connections to the same
@@ -13,12 +14,16 @@ use std::time::{Duration, Instant};
 
 use super::{Change, Watch};
 use crate::error::Result;
-use crate::store::Store;
+use crate::store::{Store, WakeMark};
+
+/// How often a delivery waiting for a wake-up looks at its [`Stop`]'s flag.
+const FLAG_CHECK: Duration = Duration::from_millis(50);
 
 /// When a delivery of changes ends: never, at a deadline, once a flag is set, or at
 /// whichever comes first. It is checked before each poll, and the delivery ends after a
 /// poll that finds nothing once it is reached: every change released before then is
-/// delivered, and a flag set meanwhile is seen within one [`Watch::interval`].
+/// delivered, and a flag set meanwhile is seen within 50 ms (or one [`Watch::interval`],
+/// if shorter), however long the interval.
 #[derive(Clone, Debug, Default)]
 pub struct Stop {
     deadline: Option<Instant>,
@@ -65,20 +70,33 @@ impl Stop {
                 .is_some_and(|f| f.load(Ordering::Acquire))
     }
 
-    /// How long to sleep before the next poll: the interval, or less to end on time.
-    fn nap(&self, interval: Duration) -> Duration {
-        match self.deadline {
-            Some(d) => interval.min(d.saturating_duration_since(Instant::now())),
+    /// Waits before the next poll for a wake-up of `store` after `mark`, at most the
+    /// interval (less to end on time), looking at the flag every [`FLAG_CHECK`].
+    fn nap(&self, store: &Store, mark: WakeMark, interval: Duration) {
+        let now = Instant::now();
+        let mut left = match self.deadline {
+            Some(d) => interval.min(d.saturating_duration_since(now)),
             None => interval,
+        };
+        let until = now.checked_add(left);
+        while !left.is_zero() {
+            let slice = match self.flag {
+                Some(_) => left.min(FLAG_CHECK),
+                None => left,
+            };
+            if store.wait_for_wake(mark, slice) || self.reached() {
+                return;
+            }
+            left = until.map_or(left, |u| u.saturating_duration_since(Instant::now()));
         }
     }
 }
 
 /// The changes of a watch, one at a time, as they are released ([`Watch::changes`]).
 ///
-/// Each call to `next` returns a change found by an earlier poll, or polls every
-/// [`Watch::interval`] until one is found or the [`Stop`] is reached (then `None`). An
-/// error ends the iteration after it is returned.
+/// Each call to `next` returns a change found by an earlier poll, or polls (at each
+/// wake-up of the store, at least every [`Watch::interval`]) until one is found or the
+/// [`Stop`] is reached (then `None`). An error ends the iteration after it is returned.
 #[must_use = "an iterator delivers nothing until it is read"]
 pub struct Changes<'w, 's> {
     watch: &'w mut Watch,
@@ -112,6 +130,8 @@ impl Iterator for Changes<'_, '_> {
             // Checked before the poll: what was committed before the stop was seen is
             // delivered, even when the stop came while this thread slept.
             let stopping = self.stop.reached();
+            // Taken before the poll: a commit after it ends the nap at once.
+            let mark = self.store.wake_mark();
             match self.watch.poll(self.store) {
                 Err(e) => {
                     self.failed = true;
@@ -119,15 +139,16 @@ impl Iterator for Changes<'_, '_> {
                 }
                 Ok(changes) if !changes.is_empty() => self.found.extend(changes),
                 Ok(_) if stopping => return None,
-                Ok(_) => std::thread::sleep(self.stop.nap(self.watch.interval)),
+                Ok(_) => self.stop.nap(self.store, mark, self.watch.interval),
             }
         }
     }
 }
 
 impl Watch {
-    /// The changes to come, one at a time, until `stop`: an iterator that polls every
-    /// [`Watch::interval`] while it has none to give. The current results are in
+    /// The changes to come, one at a time, until `stop`: an iterator that, while it has
+    /// none to give, polls at each wake-up of the store ([`Store::wait_for_wake`]) and at
+    /// least every [`Watch::interval`]. The current results are in
     /// [`Watch::results`]; the iterator brings what changes after them.
     ///
     /// ```

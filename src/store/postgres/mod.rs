@@ -10,6 +10,9 @@
 //! - `write.rs`: inserts, the held set and its cascades, release; `held.rs`: dropping
 //!   held facts.
 //! - `read.rs`: reads; `verify.rs`: the whole-store check.
+//! - `tls.rs`: `sslmode`, `sslrootcert`, `sslcert`, `sslkey` as libpq reads them, over
+//!   rustls.
+//! - `notify.rs`: the listener that wakes waiters on `NOTIFY` (started by the first wait).
 //!
 //! Concurrency (`docs/design.md`, "The PostgreSQL backend"): writes run READ COMMITTED
 //! and take one transaction-level advisory lock before their first fact or held-set
@@ -23,8 +26,10 @@ mod errors;
 mod held;
 mod migrate;
 mod names;
+mod notify;
 mod params;
 mod read;
+mod tls;
 mod verify;
 mod write;
 
@@ -61,10 +66,14 @@ pub(crate) struct Shared {
 /// A store's database in PostgreSQL.
 pub struct PostgresBackend {
     config: postgres::Config,
+    /// The TLS connector, `None` with `sslmode=disable`.
+    tls: Option<tls::MakeRustlsConnect>,
     /// The URL as given, with its password hidden: what messages name.
     url: String,
     idle: Mutex<Vec<conn::PgConn>>,
     pub(crate) shared: Shared,
+    /// The `LISTEN` thread, once something waits for a wake-up.
+    listener: Mutex<Option<notify::Listener>>,
 }
 
 pub(crate) type PgBackend = PostgresBackend;
@@ -74,6 +83,13 @@ impl Drop for PostgresBackend {
     /// on a runtime of its own, which panics inside an async runtime ("Cannot start a
     /// runtime from within a runtime"), where a sync server drops its store.
     fn drop(&mut self) {
+        // Stopped and joined first: it holds a connection of its own.
+        drop(
+            self.listener
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner()));
         if !idle.is_empty() {
             let _ = std::thread::spawn(move || drop(idle)).join();
@@ -83,7 +99,9 @@ impl Drop for PostgresBackend {
 
 impl PostgresBackend {
     /// Connects to the database at `url` (a libpq URL: user, password, host, port,
-    /// database, `sslmode=disable|prefer`, `application_name`, `connect_timeout`, ...),
+    /// database, `application_name`, `connect_timeout`, ..., and TLS as libpq's
+    /// `sslmode=disable|prefer|require|verify-ca|verify-full`, `sslrootcert`, `sslcert`,
+    /// `sslkey`: see `tls.rs`),
     /// checks the server's version and migrates the schema.
     ///
     /// # Errors
@@ -92,13 +110,18 @@ impl PostgresBackend {
     /// [`Error::SchemaTooNew`]; [`Error::NeedsMigration`] for a read-only open of an older
     /// schema.
     pub fn open(url: &str, options: StoreOptions) -> Result<PostgresBackend> {
-        let mut config = postgres::Config::from_str(url)
-            .map_err(|e| errors::open(url, format!("not a postgresql url: {e}").to_lowercase()))?;
+        let bad =
+            |e: String| errors::open(url, format!("not a postgresql url: {e}").to_lowercase());
+        let (driver_url, tls) = tls::split(url).map_err(bad)?;
+        let mut config = postgres::Config::from_str(&driver_url).map_err(|e| bad(e.to_string()))?;
+        config.ssl_mode(tls.driver_mode());
+        let tls = tls.connector().map_err(|e| errors::open(url, e))?;
         if config.get_application_name().is_none() {
             config.application_name("precedent");
         }
         let backend = PostgresBackend {
             config,
+            tls,
             url: errors::redact(url),
             idle: Mutex::new(Vec::new()),
             shared: Shared {
@@ -106,6 +129,7 @@ impl PostgresBackend {
                 options,
                 reprepares: AtomicU64::new(0),
             },
+            listener: Mutex::new(None),
         };
         let mut first = backend.connect()?;
         backend.check_version(&mut first.client)?;
@@ -140,9 +164,7 @@ impl PostgresBackend {
 
     /// A new connection, set up for the store's options.
     fn connect(&self) -> Result<conn::PgConn> {
-        let mut client = self
-            .config
-            .connect(NoTls)
+        let mut client = connect(&self.config, self.tls.as_ref())
             .map_err(|e| errors::connect(e, &self.url, &self.config))?;
         let o = &self.shared.options;
         let sync = match o.durability {
@@ -206,6 +228,17 @@ impl PostgresBackend {
     }
 }
 
+/// A client connected as `config` says, over TLS when `tls` is given.
+fn connect(
+    config: &postgres::Config,
+    tls: Option<&tls::MakeRustlsConnect>,
+) -> std::result::Result<Client, postgres::Error> {
+    match tls {
+        Some(tls) => config.connect(tls.clone()),
+        None => config.connect(NoTls),
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -239,5 +272,16 @@ impl Backend for PostgresBackend {
 
     fn path(&self) -> Option<&std::path::Path> {
         None
+    }
+
+    fn listen(&self, wake: &std::sync::Arc<crate::store::Wake>) {
+        let mut listener = lock(&self.listener);
+        if listener.is_some() {
+            return;
+        }
+        let (config, tls) = (self.config.clone(), self.tls.clone());
+        let connect = move || connect(&config, tls.as_ref()).map_err(|e| e.to_string());
+        // A thread that cannot start leaves the waiters polling; the next wait tries again.
+        *listener = notify::Listener::start(connect, wake.clone()).ok();
     }
 }

@@ -143,6 +143,14 @@ impl WriteTx for PgWrite<'_> {
                     )?;
                 }
             }
+            if now.seq != self.at_lock.seq {
+                // Delivered at the commit, in commit order, to every store listening on
+                // this database (`notify.rs`); nothing if the commit fails.
+                self.tx.exec(
+                    "SELECT pg_notify($1, $2)",
+                    &[&crate::store::NOTIFY_CHANNEL, &now.seq.to_string()],
+                )?;
+            }
         }
         self.tx.finish("COMMIT")?;
         let names = std::mem::take(&mut self.names);

@@ -1,0 +1,257 @@
+//! TLS to PostgreSQL as libpq's `sslmode` says, over rustls (with `ring`).
+//!
+//! The driver's URL parser knows `sslmode=disable|prefer|require` and refuses every
+//! other TLS parameter, so [`split`] takes them off the URL first: `sslmode` (also
+//! `verify-ca` and `verify-full`), `sslrootcert`, `sslcert`, `sslkey`, each once. The
+//! modes, as libpq's:
+//! - `disable`: plain text.
+//! - `prefer` (the default): TLS when the server offers it, else plain; the server's
+//!   certificate is not checked.
+//! - `require`: TLS or nothing; the certificate is not checked, unless `sslrootcert` is
+//!   given, when it is checked as `verify-ca` does (libpq does the same).
+//! - `verify-ca`: TLS, and the certificate must chain to `sslrootcert`.
+//! - `verify-full`: as `verify-ca`, and it must name the host connected to.
+//!
+//! `sslrootcert` is a PEM file of CA certificates (default `~/.postgresql/root.crt`, for
+//! the two verifying modes); `sslcert` and `sslkey` a client certificate and its key
+//! (PEM), sent when the server asks for one.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
+pub(crate) use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// How a connection uses TLS (`sslmode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+/// The TLS parameters of a URL.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) mode: Mode,
+    root: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+}
+
+/// The parameters this module takes off a URL.
+const OURS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+
+/// Takes the TLS parameters off `url`: the URL the driver parses, and the settings.
+///
+/// # Errors
+/// A one-line reason for a bad `sslmode`, a parameter given twice, or a key without a
+/// certificate.
+pub(crate) fn split(url: &str) -> Result<(String, Settings), String> {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, q),
+        None => (url, ""),
+    };
+    let mut kept = Vec::new();
+    let mut found: [Option<String>; 4] = Default::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match OURS.iter().position(|o| *o == k) {
+            Some(i) if found[i].is_some() => return Err(format!("{k} is given twice")),
+            Some(i) => found[i] = Some(decode(v).map_err(|e| format!("{k}: {e}"))?),
+            None => kept.push(pair),
+        }
+    }
+    let [mode, root, cert, key] = found;
+    let mode = match mode.as_deref() {
+        None | Some("prefer") => Mode::Prefer,
+        Some("disable") => Mode::Disable,
+        Some("allow") => Mode::Prefer,
+        Some("require") if root.is_some() => Mode::VerifyCa,
+        Some("require") => Mode::Require,
+        Some("verify-ca") => Mode::VerifyCa,
+        Some("verify-full") => Mode::VerifyFull,
+        Some(other) => {
+            return Err(format!(
+                "sslmode {other:?} is none of disable, allow, prefer, require, verify-ca, \
+                 verify-full"
+            ));
+        }
+    };
+    if key.is_some() != cert.is_some() {
+        return Err("sslcert and sslkey go together".into());
+    }
+    let url = match kept.is_empty() {
+        true => base.to_string(),
+        false => format!("{base}?{}", kept.join("&")),
+    };
+    let settings = Settings {
+        mode,
+        root: root.map(PathBuf::from),
+        cert: cert.map(PathBuf::from),
+        key: key.map(PathBuf::from),
+    };
+    Ok((url, settings))
+}
+
+/// `%XX` decoded.
+fn decode(v: &str) -> Result<String, String> {
+    let bytes = v.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = v
+                .get(i + 1..i + 3)
+                .ok_or("a % not followed by two hex digits")?;
+            out.push(
+                u8::from_str_radix(hex, 16).map_err(|_| "a % not followed by two hex digits")?,
+            );
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "not utf-8 once decoded".into())
+}
+
+impl Settings {
+    /// The driver's mode: it knows only whether TLS is off, tried or required.
+    pub(crate) fn driver_mode(&self) -> postgres::config::SslMode {
+        match self.mode {
+            Mode::Disable => postgres::config::SslMode::Disable,
+            Mode::Prefer => postgres::config::SslMode::Prefer,
+            _ => postgres::config::SslMode::Require,
+        }
+    }
+
+    /// The connector for these settings, `None` with `sslmode=disable`.
+    ///
+    /// # Errors
+    /// A one-line reason naming the file that cannot be read or holds no certificate.
+    pub(crate) fn connector(&self) -> Result<Option<MakeRustlsConnect>, String> {
+        if self.mode == Mode::Disable {
+            return Ok(None);
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("tls: {e}"))?;
+        let algorithms = provider.signature_verification_algorithms;
+        let any_name = |chain| Arc::new(AnyName { chain, algorithms });
+        let builder = match self.mode {
+            Mode::Prefer | Mode::Require => builder
+                .dangerous()
+                .with_custom_certificate_verifier(any_name(None)),
+            _ => {
+                let roots = Arc::new(self.roots()?);
+                let full = WebPkiServerVerifier::builder_with_provider(roots, provider)
+                    .build()
+                    .map_err(|e| format!("tls: {e}"))?;
+                match self.mode {
+                    Mode::VerifyFull => builder.with_webpki_verifier(full),
+                    _ => builder
+                        .dangerous()
+                        .with_custom_certificate_verifier(any_name(Some(full))),
+                }
+            }
+        };
+        let config = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                let certs = CertificateDer::pem_file_iter(cert)
+                    .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+                    .map_err(|e| format!("sslcert {}: {e}", cert.display()))?;
+                let key = PrivateKeyDer::from_pem_file(key)
+                    .map_err(|e| format!("sslkey {}: {e}", key.display()))?;
+                builder
+                    .with_client_auth_cert(certs, key)
+                    .map_err(|e| format!("sslcert/sslkey: {e}"))?
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        Ok(Some(MakeRustlsConnect::new(config)))
+    }
+
+    /// The CA certificates of `sslrootcert` (or `~/.postgresql/root.crt`).
+    fn roots(&self) -> Result<RootCertStore, String> {
+        let path = match &self.root {
+            Some(p) => p.clone(),
+            None => std::env::var_os("HOME")
+                .map(|h| Path::new(&h).join(".postgresql/root.crt"))
+                .ok_or("sslmode verify-ca and verify-full need sslrootcert")?,
+        };
+        let shown = path.display();
+        let certs = CertificateDer::pem_file_iter(&path)
+            .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("sslrootcert {shown}: {e}"))?;
+        let mut roots = RootCertStore::empty();
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(format!("sslrootcert {shown}: no certificate in it"));
+        }
+        Ok(roots)
+    }
+}
+
+/// The verifier of `prefer` and `require` (`chain: None`: any certificate) and of
+/// `verify-ca` (the chain is checked, the name is not: webpki checks the chain first, so a
+/// name error comes only for a certificate that chains to the roots). The handshake's
+/// signatures are checked either way.
+#[derive(Debug)]
+struct AnyName {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
