@@ -7,8 +7,8 @@
 //! - `errors.rs`: PostgreSQL's errors as the crate's, saying which failure it is.
 //! - `migrate.rs`: the schema versions, applied at open under a lock.
 //! - `names.rs`: type and role ids, cached.
-//! - `write.rs`: inserts, the held set and its cascades, release; `held.rs`: dropping
-//!   held facts.
+//! - `write.rs`: inserts, the held set and its cascades, release; `batch.rs`: a batch
+//!   of inserts in a few round trips; `held.rs`: dropping held facts.
 //! - `read.rs`: reads; `verify.rs`: the whole-store check.
 //!
 //! Concurrency (`docs/design.md`, "The PostgreSQL backend"): writes run READ COMMITTED
@@ -18,6 +18,7 @@
 //! under that lock, follow commit order with no gaps. Reads run REPEATABLE READ READ ONLY:
 //! one snapshot each.
 
+mod batch;
 mod conn;
 mod errors;
 mod held;
