@@ -239,11 +239,6 @@ conformance! {
 }
 
 conformance! {
-    // FIXME(postgres): a_long_cascade_with_fan_in_releases_everything_once does not finish
-    // on PostgreSQL: after 12 minutes it was still running one `SELECT 1 FROM held_wait
-    // WHERE missing = $1 AND waiter = $2 UNION ALL ... held_child ...` after another
-    // (src/store/postgres/), where SQLite takes seconds.
-    @sqlite_only
     /// A cascade longer than the rows a release writes back at once (65,536), through facts
     /// that wait for two parents, so that counts of arrivals are written back while their
     /// waiters still wait: every fact is released exactly once, in topological order.

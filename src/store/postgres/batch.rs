@@ -26,12 +26,12 @@ use crate::store::steps::{batch_order, split_predecessors, tally};
 use crate::store::{BatchReport, InsertOutcome};
 
 /// Facts written by one statement at most: bounds its arrays.
-const RUN: usize = 8_192;
+pub(super) const RUN: usize = 8_192;
 
 /// Released facts of a batch not yet written, in release order, with their edges.
 #[derive(Default)]
-struct Run<'f> {
-    facts: Vec<&'f Fact>,
+pub(super) struct Run {
+    facts: Vec<Fact>,
     seq: Vec<i64>,
     type_id: Vec<i64>,
     /// Each fact's edges are `edges[ends[i - 1]..ends[i]]`.
@@ -43,7 +43,31 @@ struct Run<'f> {
     pred_hash: Vec<FactHash>,
 }
 
-impl Run<'_> {
+impl Run {
+    pub(super) fn len(&self) -> usize {
+        self.facts.len()
+    }
+
+    /// Adds a released fact with its edges (predecessors: role id, hash, seq, type id).
+    pub(super) fn push(
+        &mut self,
+        fact: Fact,
+        seq: i64,
+        type_id: i64,
+        preds: &[(i64, FactHash, i64, i64)],
+    ) {
+        for &(role, hash, pred_seq, pred_type) in preds {
+            self.role.push(role);
+            self.pred_hash.push(hash);
+            self.pred.push(pred_seq);
+            self.pred_type.push(pred_type);
+        }
+        self.ends.push(self.pred.len());
+        self.facts.push(fact);
+        self.seq.push(seq);
+        self.type_id.push(type_id);
+    }
+
     fn clear(&mut self) {
         self.facts.clear();
         self.seq.clear();
@@ -58,7 +82,45 @@ impl Run<'_> {
 
 /// The batch's view of the released facts: those released before it, as read at its
 /// start (`before`), and those it released (`PgWrite::batch_released`).
-type Known = HashMap<FactHash, (i64, i64), BuildFactHasher>;
+pub(super) type Known = HashMap<FactHash, (i64, i64), BuildFactHasher>;
+
+/// What a batch read at its start and what it has not written yet.
+pub(super) struct Batch {
+    /// Its facts and their predecessors that were released when it began.
+    pub(super) before: Known,
+    /// Its facts that held facts waited for by hash when it began.
+    waited: HashSet<FactHash, BuildFactHasher>,
+    /// Its facts that were held when it began.
+    held_before: HashSet<FactHash, BuildFactHasher>,
+    /// A hook is not idle: each fact is written and hooked before the next.
+    pub(super) one_by_one: bool,
+    /// Released facts not written yet.
+    pub(super) run: Run,
+    /// Held facts not written yet.
+    held: HeldRun,
+    /// `held` row ids drawn from its sequence and not used yet, last first.
+    ids: Vec<i64>,
+    /// Facts of the batch not inserted yet (how many ids a hold may still need).
+    left: usize,
+}
+
+/// Held facts of a batch not yet written, with their waits.
+#[derive(Default)]
+struct HeldRun {
+    id: Vec<i64>,
+    hash: Vec<FactHash>,
+    bytes: Vec<Fact>,
+    missing: Vec<i64>,
+    held_at: Vec<i64>,
+    /// `held_wait` rows: missing hash, waiter.
+    wait: (Vec<FactHash>, Vec<i64>),
+    /// `held_child` rows: parent, waiter.
+    child: (Vec<i64>, Vec<i64>),
+}
+
+fn slices(hashes: &[FactHash]) -> Vec<&[u8]> {
+    hashes.iter().map(|h| &h.0[..]).collect()
+}
 
 impl PgWrite<'_> {
     /// See [`crate::Writer::insert_batch`]: the SQLite backend's steps, in a few round
@@ -71,45 +133,60 @@ impl PgWrite<'_> {
         let before = self.released_among(&facts)?;
         let mut report = BatchReport::default();
         let ordered = batch_order(facts, &mut report, &mut |h| Ok(before.contains_key(h)))?;
-        let waited = self.waited_among(&ordered)?;
-        let one_by_one = !hooks.idle(&*self)?;
+        let (waited, held_before) = self.held_among(&ordered)?;
+        let mut b = Batch {
+            before,
+            waited,
+            held_before,
+            one_by_one: !hooks.idle(&*self)?,
+            run: Run::default(),
+            held: HeldRun::default(),
+            ids: Vec::new(),
+            left: ordered.len(),
+        };
         self.batch_held = Some(HashMap::with_hasher(dag::BuildFactHasher));
         self.batch_released = Some(HashMap::with_hasher(dag::BuildFactHasher));
-        let mut run = Run::default();
         let mut outcome = Ok(());
         for fact in &ordered {
-            let one = self.insert_in_batch(fact, &before, &waited, &mut run, hooks);
-            let one = match one {
-                Ok(o) if one_by_one || run.facts.len() >= RUN => {
-                    self.flush(&mut run, hooks).map(|()| o)
-                }
-                o => o,
-            };
+            let mut one = self.insert_in_batch(fact, &mut b, hooks);
+            b.left -= 1;
+            if one.is_ok() && (b.one_by_one || b.run.len() >= RUN) {
+                one = self.flush(&mut b.run, hooks).and(one);
+            }
             outcome = tally(&mut report, one);
             if outcome.is_err() {
                 break;
             }
         }
         if outcome.is_ok() {
-            outcome = self.flush(&mut run, hooks);
+            outcome = self.write_pending(&mut b, hooks);
         }
         self.batch_held = None;
         self.batch_released = None;
         outcome.map(|()| report)
     }
 
+    /// Writes what the batch has not written yet.
+    pub(super) fn write_pending(
+        &mut self,
+        b: &mut Batch,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<()> {
+        self.flush(&mut b.run, hooks)?;
+        self.flush_held(&mut b.held)
+    }
+
     /// One fact of a parents-first batch: a duplicate, held, or released into `run` (and
     /// then what waited for it, after `run` is written).
-    fn insert_in_batch<'f>(
+    fn insert_in_batch(
         &mut self,
-        fact: &'f Fact,
-        before: &Known,
-        waited: &HashSet<FactHash, BuildFactHasher>,
-        run: &mut Run<'f>,
+        fact: &Fact,
+        b: &mut Batch,
         hooks: &mut HookRunner<'_>,
     ) -> Result<InsertOutcome> {
         let hash = fact.hash();
         let batch = self.batch_released.as_ref().expect("in a batch");
+        let before = &b.before;
         if let Some(&(seq, _)) = batch.get(&hash).or_else(|| before.get(&hash)) {
             return Ok(InsertOutcome::Duplicate { seq: Some(seq) });
         }
@@ -118,38 +195,132 @@ impl PgWrite<'_> {
                 Ok(batch.get(h).or_else(|| before.get(h)).copied())
             })?;
         if !missing.is_empty() {
-            self.flush(run, hooks)?;
-            return self.hold(fact, missing);
+            return self.hold_in_batch(fact, missing, b);
         }
         let type_id = self.names.id(&self.tx, false, fact.type_name())?;
-        for (role, _, pred_seq, pred_type) in &preds {
-            run.role.push(self.names.id(&self.tx, true, role)?);
-            run.pred.push(*pred_seq);
-            run.pred_type.push(*pred_type);
+        let mut edges = Vec::with_capacity(preds.len());
+        for (role, pred, pred_seq, pred_type) in &preds {
+            edges.push((
+                self.names.id(&self.tx, true, role)?,
+                *pred,
+                *pred_seq,
+                *pred_type,
+            ));
         }
-        run.pred_hash.extend(preds.iter().map(|p| p.1));
-        run.ends.push(run.pred.len());
         let seq = self.counters().seq + 1;
         self.counters().seq = seq;
-        run.facts.push(fact);
-        run.seq.push(seq);
-        run.type_id.push(type_id);
+        b.run.push(fact.clone(), seq, type_id, &edges);
         let batch = self.batch_released.as_mut().expect("in a batch");
         batch.insert(hash, (seq, type_id));
         // Only a fact waited for when the batch began can release held facts: one held
         // in this batch waits for a fact that comes before it.
-        let released = if waited.contains(&hash) {
-            self.flush(run, hooks)?;
-            1 + self.cascade(hash, (seq, type_id), hooks)?
+        let released = if b.waited.contains(&hash) {
+            self.write_pending(b, hooks)?;
+            1 + self.cascade_in_batch(hash, (seq, type_id), b, hooks)?
         } else {
             1
         };
         Ok(InsertOutcome::Inserted { seq, released })
     }
 
+    /// [`PgWrite::hold`] for a fact of the batch: its row and waits join the held run,
+    /// with a row id drawn ahead.
+    fn hold_in_batch(
+        &mut self,
+        fact: &Fact,
+        missing: Vec<crate::store::steps::Missing>,
+        b: &mut Batch,
+    ) -> Result<InsertOutcome> {
+        let hash = fact.hash();
+        if b.held_before.contains(&hash) {
+            return Ok(InsertOutcome::Duplicate { seq: None });
+        }
+        let max = self.tx.backend.shared.options.max_held;
+        if self.counters().held as u64 >= max {
+            return Err(Error::HeldLimit { limit: max, hash });
+        }
+        if b.ids.is_empty() {
+            b.ids = self.draw_held_ids(b.left.clamp(1, RUN))?;
+        }
+        let id = b.ids.pop().expect("drawn");
+        let now = self.tx.backend.shared.options.clock.now_ms();
+        let h = &mut b.held;
+        h.id.push(id);
+        h.hash.push(hash);
+        h.bytes.push(fact.clone());
+        h.missing.push(missing.len() as i64);
+        h.held_at.push(now);
+        for (m, parent) in &missing {
+            match parent {
+                Some(parent) => {
+                    h.child.0.push(*parent);
+                    h.child.1.push(id);
+                }
+                None => {
+                    h.wait.0.push(*m);
+                    h.wait.1.push(id);
+                }
+            }
+        }
+        self.batch_held
+            .as_mut()
+            .expect("in a batch")
+            .insert(hash, id);
+        self.add_held(1);
+        Ok(InsertOutcome::Held {
+            missing: missing.into_iter().map(|(m, _)| m).collect(),
+        })
+    }
+
+    /// `n` new `held` row ids, in the order the table's own would give them; returned
+    /// last first.
+    fn draw_held_ids(&self, n: usize) -> Result<Vec<i64>> {
+        let mut ids: Vec<i64> = self
+            .tx
+            .rows(
+                "SELECT nextval(pg_get_serial_sequence('held', 'id')) FROM generate_series(1, $1::bigint)",
+                &[&(n as i64)],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(ids)
+    }
+
+    /// Writes the held run's rows and waits in one statement.
+    fn flush_held(&mut self, h: &mut HeldRun) -> Result<()> {
+        if h.id.is_empty() {
+            return Ok(());
+        }
+        let bytes: Vec<&[u8]> = h.bytes.iter().map(Fact::canonical_bytes).collect();
+        self.tx.exec(
+            "WITH h AS (
+                 INSERT INTO held (id, hash, bytes, missing, held_at)
+                 SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[])),
+             w AS (
+                 INSERT INTO held_wait (missing, waiter)
+                 SELECT * FROM unnest($6::bytea[], $7::bigint[]))
+             INSERT INTO held_child (parent, waiter) SELECT * FROM unnest($8::bigint[], $9::bigint[])",
+            &[
+                &h.id,
+                &slices(&h.hash),
+                &bytes,
+                &h.missing,
+                &h.held_at,
+                &slices(&h.wait.0),
+                &h.wait.1,
+                &h.child.0,
+                &h.child.1,
+            ],
+        )?;
+        *h = HeldRun::default();
+        Ok(())
+    }
+
     /// Writes `run`'s facts and edges in one statement, then calls the release hooks for
     /// each, in order.
-    fn flush(&mut self, run: &mut Run<'_>, hooks: &mut HookRunner<'_>) -> Result<()> {
+    pub(super) fn flush(&mut self, run: &mut Run, hooks: &mut HookRunner<'_>) -> Result<()> {
         if run.facts.is_empty() {
             return Ok(());
         }
@@ -231,21 +402,35 @@ impl PgWrite<'_> {
         Ok(known)
     }
 
-    /// Which of `facts` held facts wait for by hash (`held_wait`); none are when nothing
-    /// is held.
-    fn waited_among(&mut self, facts: &[Fact]) -> Result<HashSet<FactHash, BuildFactHasher>> {
-        let mut waited = HashSet::default();
+    /// Which of `facts` held facts wait for by hash (`held_wait`), and which are held;
+    /// none when nothing is held.
+    fn held_among(
+        &mut self,
+        facts: &[Fact],
+    ) -> Result<(
+        HashSet<FactHash, BuildFactHasher>,
+        HashSet<FactHash, BuildFactHasher>,
+    )> {
+        let (mut waited, mut held) = (HashSet::default(), HashSet::default());
         if self.counters().held == 0 {
-            return Ok(waited);
+            return Ok((waited, held));
         }
         let hashes: Vec<FactHash> = facts.iter().map(Fact::hash).collect();
-        let hashes: Vec<&[u8]> = hashes.iter().map(|h| &h.0[..]).collect();
         for row in self.tx.rows(
-            "SELECT DISTINCT missing FROM held_wait WHERE missing = ANY($1::bytea[])",
-            &[&hashes],
+            "SELECT u.hash, false FROM unnest($1::bytea[]) AS u(hash)
+             WHERE EXISTS (SELECT 1 FROM held_wait w WHERE w.missing = u.hash)
+             UNION ALL
+             SELECT u.hash, true FROM unnest($1::bytea[]) AS u(hash)
+             JOIN held h ON substr(h.hash, 1, 8) = substr(u.hash, 1, 8) AND h.hash = u.hash",
+            &[&slices(&hashes)],
         )? {
-            waited.insert(hash_at(&row, 0)?);
+            let hash = hash_at(&row, 0)?;
+            if row.get(1) {
+                held.insert(hash);
+            } else {
+                waited.insert(hash);
+            }
         }
-        Ok(waited)
+        Ok((waited, held))
     }
 }

@@ -8,7 +8,8 @@
 //! - `migrate.rs`: the schema versions, applied at open under a lock.
 //! - `names.rs`: type and role ids, cached.
 //! - `write.rs`: inserts, the held set and its cascades, release; `batch.rs`: a batch
-//!   of inserts in a few round trips; `held.rs`: dropping held facts.
+//!   of inserts in a few round trips, `cascade.rs` its cascades; `held.rs`: dropping
+//!   held facts.
 //! - `read.rs`: reads; `verify.rs`: the whole-store check.
 //!
 //! Concurrency (`docs/design.md`, "The PostgreSQL backend"): writes run READ COMMITTED
@@ -19,6 +20,7 @@
 //! one snapshot each.
 
 mod batch;
+mod cascade;
 mod conn;
 mod errors;
 mod held;
