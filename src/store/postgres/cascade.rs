@@ -4,10 +4,12 @@
 //! and written back at once: their fact rows and edges in runs, the waits and held rows
 //! they used up deleted and the counts of the rest updated by one statement.
 //!
-//! What is read is bounded ([`REACH`] held rows): a larger cascade goes the one-fact way,
-//! so memory stays bounded whatever the held set.
+//! The held rows are read as the cascade reaches them, each read taking the rows
+//! reachable from the fact being released, breadth first, up to a bound that starts small
+//! and grows with each read of one cascade (most cascades release few facts; a long one
+//! reads up to [`MOST`] rows at a time).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::batch::{Batch, Known, RUN};
 use super::read::hash_at;
@@ -19,15 +21,26 @@ use crate::hash::FactHash;
 use crate::store::backend::HookRunner;
 use crate::store::steps::{held_fact, released_predecessors};
 
-/// Held rows a cascade reads at once at most.
-const REACH: i64 = 200_000;
+/// Held rows a cascade reads at once: at first, and at most.
+const FIRST: i64 = 64;
+const MOST: i64 = 16_384;
 
 /// A held row a cascade may release: hash, fact, missing count.
 type HeldRow = (FactHash, Fact, i64);
 
-/// The held set around a cascade, as read at its start.
+/// The held set around a cascade, as read so far (the cascade writes it back at its end).
+#[derive(Default)]
 struct Reach {
+    /// Rows read and not released.
     rows: HashMap<i64, HeldRow>,
+    /// Rows released by the cascade.
+    gone: HashSet<i64>,
+    /// Hashes and held rows whose waiters are read.
+    expanded: (HashSet<FactHash, BuildFactHasher>, HashSet<i64>),
+    /// Released facts the rows read name, as read with them.
+    known: Known,
+    /// Rows the next read takes at most.
+    limit: i64,
     /// Waiters by the hash they wait for, in key order.
     waits: HashMap<FactHash, Vec<i64>, BuildFactHasher>,
     /// Waiters by the held row they wait for, in key order.
@@ -56,14 +69,15 @@ impl PgWrite<'_> {
         if b.one_by_one {
             return self.cascade(first, first_at, hooks);
         }
-        let Some(mut reach) = self.reach(&first)? else {
-            return self.cascade(first, first_at, hooks);
+        let mut reach = Reach {
+            limit: FIRST,
+            ..Reach::default()
         };
-        let known = self.released_around(&reach)?;
         let mut used = Used::default();
         let mut released = 0;
         let mut stack = vec![(first, first_at, None::<i64>)];
         while let Some((arrived, at, held_id)) = stack.pop() {
+            self.expand(&mut reach, &arrived, held_id)?;
             let mut waiters = reach.waits.remove(&arrived).unwrap_or_default();
             if !waiters.is_empty() {
                 used.waits.push(arrived);
@@ -73,6 +87,14 @@ impl PgWrite<'_> {
             {
                 used.children.push(parent);
                 waiters.extend(children);
+            }
+            let absent: Vec<i64> = waiters
+                .iter()
+                .filter(|w| !reach.rows.contains_key(w) && !reach.gone.contains(w))
+                .copied()
+                .collect();
+            if !absent.is_empty() {
+                self.read_rows(&mut reach, &absent)?;
             }
             for waiter in waiters {
                 let Some(row) = reach.rows.get(&waiter) else {
@@ -89,7 +111,8 @@ impl PgWrite<'_> {
                 used.arrivals.remove(&waiter);
                 used.rows.push(waiter);
                 let (hash, fact, _) = reach.rows.remove(&waiter).expect("present");
-                let at = self.release_in_memory(hash, fact, (arrived, at), &known, b)?;
+                reach.gone.insert(waiter);
+                let at = self.release_in_memory(hash, fact, (arrived, at), &reach.known, b)?;
                 released += 1;
                 stack.push((hash, at, Some(waiter)));
                 if b.run.len() >= RUN {
@@ -147,78 +170,95 @@ impl PgWrite<'_> {
         Ok((seq, type_id))
     }
 
-    /// The held rows reachable from `first` through waits, with the waits out of them
-    /// and of `first`; `None` if there are more than [`REACH`].
-    fn reach(&self, first: &FactHash) -> Result<Option<Reach>> {
+    /// Reads the waiters of `hash` (and of held row `id`) unless read, with the rows
+    /// reachable from them up to the cascade's bound and the waiters of those.
+    fn expand(&self, reach: &mut Reach, hash: &FactHash, id: Option<i64>) -> Result<()> {
+        if reach.expanded.0.contains(hash) && id.is_none_or(|i| reach.expanded.1.contains(&i)) {
+            return Ok(());
+        }
         let rows = self.tx.rows(
             "WITH RECURSIVE r(id) AS (
                  SELECT waiter FROM held_wait WHERE missing = $1
+                 UNION SELECT waiter FROM held_child WHERE parent = $2
                UNION
                  SELECT x.waiter FROM r JOIN held h ON h.id = r.id
                  CROSS JOIN LATERAL (
                      SELECT waiter FROM held_wait WHERE missing = h.hash
                      UNION ALL SELECT waiter FROM held_child WHERE parent = h.id) x)
-             SELECT h.id, h.hash, h.bytes, h.missing FROM (SELECT id FROM r LIMIT $2) r
+             SELECT h.id, h.hash, h.bytes, h.missing FROM (SELECT id FROM r LIMIT $3) r
              JOIN held h ON h.id = r.id",
-            &[&&first.0[..], &(REACH + 1)],
+            &[&&hash.0[..], &id, &reach.limit],
         )?;
-        if rows.len() as i64 > REACH {
-            return Ok(None);
-        }
-        let mut reach = Reach {
-            rows: HashMap::with_capacity(rows.len()),
-            waits: HashMap::default(),
-            children: HashMap::new(),
-        };
-        let mut hashes = vec![first.0.to_vec()];
-        let mut ids = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let (id, hash): (i64, FactHash) = (row.get(0), hash_at(row, 1)?);
-            let fact = held_fact(&hash, row.get(2))?;
-            reach.rows.insert(id, (hash, fact, row.get(3)));
-            hashes.push(hash.0.to_vec());
+        reach.limit = (reach.limit * 4).min(MOST);
+        let mut hashes = vec![*hash];
+        let mut ids: Vec<i64> = id.into_iter().collect();
+        for (id, h) in self.take_rows(reach, &rows)? {
+            hashes.push(h);
             ids.push(id);
         }
-        drop(rows);
+        hashes.retain(|h| reach.expanded.0.insert(*h));
+        ids.retain(|i| reach.expanded.1.insert(*i));
+        let hashes: Vec<&[u8]> = hashes.iter().map(|h| &h.0[..]).collect();
         for row in self.tx.rows(
             "SELECT missing, NULL::bigint, waiter FROM held_wait WHERE missing = ANY($1)
              UNION ALL SELECT NULL::bytea, parent, waiter FROM held_child WHERE parent = ANY($2)",
             &[&hashes, &ids],
         )? {
             let waiter: i64 = row.get(2);
-            match row.get::<_, Option<i64>>(1) {
-                Some(parent) => reach.children.entry(parent).or_default().push(waiter),
-                None => reach
-                    .waits
-                    .entry(hash_at(&row, 0)?)
-                    .or_default()
-                    .push(waiter),
-            }
+            let list = match row.get::<_, Option<i64>>(1) {
+                Some(parent) => reach.children.entry(parent).or_default(),
+                None => reach.waits.entry(hash_at(&row, 0)?).or_default(),
+            };
+            // In key order, as SQLite reads them.
+            let at = list.partition_point(|w| *w < waiter);
+            list.insert(at, waiter);
         }
-        reach.waits.values_mut().for_each(|w| w.sort_unstable());
-        reach.children.values_mut().for_each(|w| w.sort_unstable());
-        Ok(Some(reach))
+        Ok(())
     }
 
-    /// Which of the reachable facts and their predecessors are released, read at once.
-    fn released_around(&self, reach: &Reach) -> Result<Known> {
-        let mut wanted: Vec<&[u8]> = Vec::new();
-        for (hash, fact, _) in reach.rows.values() {
-            wanted.push(&hash.0[..]);
-            for (_, set) in fact.predecessors() {
-                wanted.extend(set.iter().map(|p| &p.0[..]));
+    /// Reads held rows `ids` (waiters beyond the last read's bound).
+    fn read_rows(&self, reach: &mut Reach, ids: &[i64]) -> Result<()> {
+        let rows = self.tx.rows(
+            "SELECT id, hash, bytes, missing FROM held WHERE id = ANY($1)",
+            &[&ids],
+        )?;
+        self.take_rows(reach, &rows)?;
+        Ok(())
+    }
+
+    /// Keeps the held rows read that the cascade has not met, with the released facts
+    /// they name; returns their ids and hashes.
+    fn take_rows(&self, reach: &mut Reach, rows: &[postgres::Row]) -> Result<Vec<(i64, FactHash)>> {
+        let mut new = Vec::new();
+        let mut wanted: Vec<FactHash> = Vec::new();
+        for row in rows {
+            let id: i64 = row.get(0);
+            if reach.gone.contains(&id) || reach.rows.contains_key(&id) {
+                continue;
             }
+            let hash = hash_at(row, 1)?;
+            let fact = held_fact(&hash, row.get(2))?;
+            wanted.push(hash);
+            wanted.extend(fact.predecessor_hashes());
+            reach.rows.insert(id, (hash, fact, row.get(3)));
+            new.push((id, hash));
         }
         wanted.sort_unstable();
         wanted.dedup();
-        let mut known = Known::default();
+        wanted.retain(|h| !reach.known.contains_key(h));
+        if wanted.is_empty() {
+            return Ok(new);
+        }
+        let wanted: Vec<&[u8]> = wanted.iter().map(|h| &h.0[..]).collect();
         for row in self.tx.rows(
             "SELECT hash, seq, type_id FROM fact WHERE hash = ANY($1::bytea[])",
             &[&wanted],
         )? {
-            known.insert(hash_at(&row, 0)?, (row.get(1), row.get(2)));
+            reach
+                .known
+                .insert(hash_at(&row, 0)?, (row.get(1), row.get(2)));
         }
-        Ok(known)
+        Ok(new)
     }
 
     /// Deletes the waits and held rows a cascade used up and updates the counts of the
