@@ -23,7 +23,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use precedent::store::Durability;
-use precedent::{BatchReport, Fact, FactHash, Store, StoreOptions};
+use precedent::{BatchReport, Fact, Store, StoreOptions};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::{Value as Json, json};
 

@@ -206,7 +206,7 @@ impl Floor {
         for (fact, (type_id, roles)) in facts.iter().zip(ids) {
             self.seq += 1;
             let seq = self.seq;
-            let preds = fact.predecessors().iter().flat_map(|(_, set)| set.iter());
+            let preds = fact.predecessors().values().flat_map(|set| set.iter());
             for (p, role_id) in preds.zip(roles) {
                 let (pseq, ptype) = known[p];
                 for (col, v) in rows
