@@ -58,6 +58,12 @@ impl ReleaseHook for QueueIndex {
         Ok(())
     }
 
+    fn idle(&self, ctx: &mut HookCtx<'_>) -> Result<bool> {
+        // Declarations change only through the queue API, never by a release.
+        let cache = ctx.store().extension::<QueueCache>();
+        Ok(defs_for(ctx.tx, ctx.state, &cache)?.queues.is_empty())
+    }
+
     fn before_commit(&self, ctx: &mut HookCtx<'_>) -> Result<()> {
         flush_rates(ctx.tx, ctx.state)
     }

@@ -570,6 +570,19 @@ pub trait ReleaseHook: Send + Sync {
     /// Any error aborts the write transaction.
     fn on_release(&self, ctx: &mut HookCtx<'_>, fact: &Fact, seq: i64) -> Result<()>;
 
+    /// Whether [`ReleaseHook::on_release`] does nothing in this transaction, whatever
+    /// facts its current insert releases (the queue index of a store with no queue): a
+    /// backend may then write a run of released facts at once and call the hook after
+    /// the run, as nothing can tell. The default says no, so that each fact is written
+    /// and hooked before the next.
+    ///
+    /// # Errors
+    /// Any error aborts the write transaction.
+    fn idle(&self, ctx: &mut HookCtx<'_>) -> Result<bool> {
+        let _ = ctx;
+        Ok(false)
+    }
+
     /// Called once before the transaction commits.
     ///
     /// # Errors
@@ -738,6 +751,27 @@ impl HookRunner<'_> {
             hook.on_release(&mut ctx, fact, seq)?;
         }
         Ok(())
+    }
+
+    /// Whether every hook is [`ReleaseHook::idle`] in `tx` now.
+    ///
+    /// # Errors
+    /// A hook's error.
+    pub fn idle(&mut self, tx: &dyn ReadTx) -> Result<bool> {
+        let hooks = &self.store.options().release_hooks;
+        let mut ctx = HookCtx {
+            tx,
+            state: self.state,
+            store: self.store,
+            later: self.later,
+            predecessors: &|_| None,
+        };
+        for hook in hooks {
+            if !hook.idle(&mut ctx)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 

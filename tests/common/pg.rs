@@ -78,6 +78,25 @@ impl PgDb {
     }
 }
 
+/// The tests' server settings: no durability, for speed.
+const TEST_SETTINGS: &[&str] = &[
+    "fsync=off",
+    "synchronous_commit=off",
+    "full_page_writes=off",
+    "max_connections=300",
+    "shared_buffers=32MB",
+];
+
+/// The server settings (`-c` options) of this process's cluster.
+static SETTINGS: OnceLock<&'static [&'static str]> = OnceLock::new();
+
+/// Starts this process's cluster with `settings` (`name=value`, as `postgres -c` takes
+/// them) instead of the tests' (which turn durability off): a benchmark's. Only before
+/// the first [`db`] or [`cluster`] call; returns whether it was.
+pub fn use_settings(settings: &'static [&'static str]) -> bool {
+    SETTINGS.set(settings).is_ok()
+}
+
 /// PIDs of the running servers (the shared cluster's, a private one's), for the exit
 /// handler.
 static SERVER_PIDS: [AtomicI32; 2] = [AtomicI32::new(0), AtomicI32::new(0)];
@@ -331,9 +350,12 @@ impl Cluster {
             .arg("-k")
             .arg(&self.dir)
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
-            .args(["-c", "full_page_writes=off", "-c", "max_connections=300"])
-            .args(["-c", "shared_buffers=32MB"])
+            .args(
+                SETTINGS
+                    .get_or_init(|| TEST_SETTINGS)
+                    .iter()
+                    .flat_map(|s| ["-c", s]),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);

@@ -7,7 +7,8 @@
 //! - `errors.rs`: PostgreSQL's errors as the crate's, saying which failure it is.
 //! - `migrate.rs`: the schema versions, applied at open under a lock.
 //! - `names.rs`: type and role ids, cached.
-//! - `write.rs`: inserts, the held set and its cascades, release; `held.rs`: dropping
+//! - `write.rs`: inserts, the held set and its cascades, release; `batch.rs`: a batch
+//!   of inserts in a few round trips, `cascade.rs` its cascades; `held.rs`: dropping
 //!   held facts.
 //! - `read.rs`: reads; `verify.rs`: the whole-store check.
 //! - `tls.rs`: `sslmode`, `sslrootcert`, `sslcert`, `sslkey` as libpq reads them, over
@@ -21,6 +22,8 @@
 //! under that lock, follow commit order with no gaps. Reads run REPEATABLE READ READ ONLY:
 //! one snapshot each.
 
+mod batch;
+mod cascade;
 mod conn;
 mod errors;
 mod held;

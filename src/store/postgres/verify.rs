@@ -132,7 +132,8 @@ impl Tx<'_> {
                         .row(
                             "SELECT 1 FROM held_wait WHERE missing = $1 AND waiter = $2
                              UNION ALL SELECT 1 FROM held_child c JOIN held h ON h.id = c.parent
-                             WHERE h.hash = $1 AND c.waiter = $2",
+                             WHERE substr(h.hash, 1, 8) = substr($1::bytea, 1, 8)
+                               AND h.hash = $1 AND c.waiter = $2",
                             &[&&p.0[..], &id],
                         )?
                         .is_some())

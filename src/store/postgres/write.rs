@@ -15,14 +15,12 @@ use super::conn::Tx;
 use super::names::Fresh;
 use super::read::hash_at;
 use super::{PgBackend, WRITE_LOCK};
-use crate::dag;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::FactHash;
 use crate::store::backend::{HookRunner, ReadTx, WriteTx};
 use crate::store::steps::{
-    Assumed, BatchHeld, Missing, Pred, batch_order, held_fact, released_predecessors,
-    split_predecessors, tally,
+    Assumed, BatchHeld, Missing, Pred, held_fact, released_predecessors, split_predecessors,
 };
 use crate::store::{BatchReport, InsertOutcome};
 
@@ -38,7 +36,7 @@ pub(super) struct Locked {
 /// The write transaction of a PostgreSQL store.
 pub(crate) struct PgWrite<'a> {
     pub(super) tx: Tx<'a>,
-    names: Fresh,
+    pub(super) names: Fresh,
     /// The counters under the write lock, once it is taken.
     pub(super) locked: Option<Locked>,
     /// The counters when the lock was taken, to write back only a change.
@@ -46,12 +44,12 @@ pub(crate) struct PgWrite<'a> {
     /// `locked` at each open savepoint (rolling one back gives back a lock taken in it).
     savepoints: Vec<Option<Locked>>,
     /// During a batch, its facts that are held, with their `held` row ids.
-    batch_held: Option<BatchHeld>,
+    pub(super) batch_held: Option<BatchHeld>,
     /// Facts the caller said are released, as (seq, type id).
-    assumed: Assumed,
+    pub(super) assumed: Assumed,
     /// During a batch, the facts it released, as (seq, type id): a later fact of the
     /// batch naming one needs no lookup (a round trip each on PostgreSQL).
-    batch_released: Option<Assumed>,
+    pub(super) batch_released: Option<Assumed>,
 }
 
 crate::store::shared::forward_to_tx!(sql PgWrite<'_>);
@@ -199,7 +197,7 @@ impl<'a> PgWrite<'a> {
         Ok(l)
     }
 
-    fn counters(&mut self) -> &mut Locked {
+    pub(super) fn counters(&mut self) -> &mut Locked {
         self.locked.as_mut().expect("the write lock is taken first")
     }
 
@@ -232,27 +230,6 @@ impl<'a> PgWrite<'a> {
         }
     }
 
-    /// See [`crate::Writer::insert_batch`]: the SQLite backend's steps.
-    fn insert_many(&mut self, facts: Vec<Fact>, hooks: &mut HookRunner<'_>) -> Result<BatchReport> {
-        let mut report = BatchReport::default();
-        let ordered = batch_order(facts, &mut report, &mut |h| {
-            Ok(self.tx.seq_of(h)?.is_some())
-        })?;
-        self.batch_held = Some(HashMap::with_hasher(dag::BuildFactHasher));
-        self.batch_released = Some(HashMap::with_hasher(dag::BuildFactHasher));
-        let mut outcome = Ok(());
-        for fact in &ordered {
-            let one = self.insert_one(fact, hooks);
-            outcome = tally(&mut report, one);
-            if outcome.is_err() {
-                break;
-            }
-        }
-        self.batch_held = None;
-        self.batch_released = None;
-        outcome.map(|()| report)
-    }
-
     /// The seq and type id of `hash`, if released.
     fn released(&self, hash: &FactHash) -> Result<Option<(i64, i64)>> {
         let row = self.tx.row(
@@ -273,7 +250,7 @@ impl<'a> PgWrite<'a> {
 
     /// Holds `fact` waiting for `missing` (with the held row id of each that is held in
     /// this batch: that wait goes to `held_child`; the others to `held_wait`).
-    fn hold(&mut self, fact: &Fact, missing: Vec<Missing>) -> Result<InsertOutcome> {
+    pub(super) fn hold(&mut self, fact: &Fact, missing: Vec<Missing>) -> Result<InsertOutcome> {
         let hash = fact.hash();
         if self.held_id(&hash)?.is_some() {
             return Ok(InsertOutcome::Duplicate { seq: None });
@@ -365,7 +342,7 @@ impl<'a> PgWrite<'a> {
 
     /// Releases every held fact that waited only for `first` or for facts this releases,
     /// depth first, removing their held rows and waits as it goes; returns how many.
-    fn cascade(
+    pub(super) fn cascade(
         &mut self,
         first: FactHash,
         first_at: (i64, i64),

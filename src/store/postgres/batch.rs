@@ -1,0 +1,436 @@
+//! A batch of inserts on PostgreSQL in a few round trips: the SQLite backend's steps
+//! (`insert_batch`), with what they read looked up for the whole batch at once and the
+//! facts they release written in runs.
+//!
+//! Under the write lock nothing else changes the fact table or the held set, so one
+//! statement at the start reads which of the batch's facts and predecessors are released
+//! (the others are not, unless this batch releases them, which it records as it goes),
+//! and, when something is held, one more reads which of its facts are waited for. The
+//! batch is then walked in parents-first order as the one-fact path walks it, giving
+//! sequence numbers in Rust: each fact whose predecessors are all released joins a
+//! pending run, written with its edges by one statement ([`Run::flush`]) before anything
+//! else touches the database (a hold, a cascade) and at the end, and only then hooked,
+//! in order. A hook that is not [`crate::store::ReleaseHook::idle`] gets each fact
+//! written and hooked before the next, as the one-fact path does.
+
+use std::collections::{HashMap, HashSet};
+
+use super::read::hash_at;
+use super::write::PgWrite;
+use crate::dag::{self, BuildFactHasher};
+use crate::error::{Error, Result};
+use crate::fact::Fact;
+use crate::hash::FactHash;
+use crate::store::backend::HookRunner;
+use crate::store::steps::{batch_order, split_predecessors, tally};
+use crate::store::{BatchReport, InsertOutcome};
+
+/// Facts written by one statement at most: bounds its arrays.
+pub(super) const RUN: usize = 8_192;
+
+/// Released facts of a batch not yet written, in release order, with their edges.
+#[derive(Default)]
+pub(super) struct Run {
+    facts: Vec<Fact>,
+    seq: Vec<i64>,
+    type_id: Vec<i64>,
+    /// Each fact's edges are `edges[ends[i - 1]..ends[i]]`.
+    ends: Vec<usize>,
+    /// Edges: predecessor seq, role id, predecessor type, predecessor hash (for hooks).
+    pred: Vec<i64>,
+    role: Vec<i64>,
+    pred_type: Vec<i64>,
+    pred_hash: Vec<FactHash>,
+}
+
+impl Run {
+    pub(super) fn len(&self) -> usize {
+        self.facts.len()
+    }
+
+    /// Adds a released fact with its edges (predecessors: role id, hash, seq, type id).
+    pub(super) fn push(
+        &mut self,
+        fact: Fact,
+        seq: i64,
+        type_id: i64,
+        preds: &[(i64, FactHash, i64, i64)],
+    ) {
+        for &(role, hash, pred_seq, pred_type) in preds {
+            self.role.push(role);
+            self.pred_hash.push(hash);
+            self.pred.push(pred_seq);
+            self.pred_type.push(pred_type);
+        }
+        self.ends.push(self.pred.len());
+        self.facts.push(fact);
+        self.seq.push(seq);
+        self.type_id.push(type_id);
+    }
+
+    fn clear(&mut self) {
+        self.facts.clear();
+        self.seq.clear();
+        self.type_id.clear();
+        self.ends.clear();
+        self.pred.clear();
+        self.role.clear();
+        self.pred_type.clear();
+        self.pred_hash.clear();
+    }
+}
+
+/// The batch's view of the released facts: those released before it, as read at its
+/// start (`before`), and those it released (`PgWrite::batch_released`).
+pub(super) type Known = HashMap<FactHash, (i64, i64), BuildFactHasher>;
+
+/// What a batch read at its start and what it has not written yet.
+pub(super) struct Batch {
+    /// Its facts and their predecessors that were released when it began.
+    pub(super) before: Known,
+    /// Its facts that held facts waited for by hash when it began.
+    waited: HashSet<FactHash, BuildFactHasher>,
+    /// Its facts that were held when it began.
+    held_before: HashSet<FactHash, BuildFactHasher>,
+    /// A hook is not idle: each fact is written and hooked before the next.
+    pub(super) one_by_one: bool,
+    /// Released facts not written yet.
+    pub(super) run: Run,
+    /// Held facts not written yet.
+    held: HeldRun,
+    /// `held` row ids drawn from its sequence and not used yet, last first.
+    ids: Vec<i64>,
+    /// Facts of the batch not inserted yet (how many ids a hold may still need).
+    left: usize,
+}
+
+/// Held facts of a batch not yet written, with their waits.
+#[derive(Default)]
+struct HeldRun {
+    id: Vec<i64>,
+    hash: Vec<FactHash>,
+    bytes: Vec<Fact>,
+    missing: Vec<i64>,
+    held_at: Vec<i64>,
+    /// `held_wait` rows: missing hash, waiter.
+    wait: (Vec<FactHash>, Vec<i64>),
+    /// `held_child` rows: parent, waiter.
+    child: (Vec<i64>, Vec<i64>),
+}
+
+fn slices(hashes: &[FactHash]) -> Vec<&[u8]> {
+    hashes.iter().map(|h| &h.0[..]).collect()
+}
+
+impl PgWrite<'_> {
+    /// See [`crate::Writer::insert_batch`]: the SQLite backend's steps, in a few round
+    /// trips per batch.
+    pub(super) fn insert_many(
+        &mut self,
+        facts: Vec<Fact>,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<BatchReport> {
+        let before = self.released_among(&facts)?;
+        let mut report = BatchReport::default();
+        let ordered = batch_order(facts, &mut report, &mut |h| Ok(before.contains_key(h)))?;
+        let (waited, held_before) = self.held_among(&ordered)?;
+        let mut b = Batch {
+            before,
+            waited,
+            held_before,
+            one_by_one: !hooks.idle(&*self)?,
+            run: Run::default(),
+            held: HeldRun::default(),
+            ids: Vec::new(),
+            left: ordered.len(),
+        };
+        self.batch_held = Some(HashMap::with_hasher(dag::BuildFactHasher));
+        self.batch_released = Some(HashMap::with_hasher(dag::BuildFactHasher));
+        let mut outcome = Ok(());
+        for fact in &ordered {
+            let mut one = self.insert_in_batch(fact, &mut b, hooks);
+            b.left -= 1;
+            if one.is_ok() && (b.one_by_one || b.run.len() >= RUN) {
+                one = self.flush(&mut b.run, hooks).and(one);
+            }
+            outcome = tally(&mut report, one);
+            if outcome.is_err() {
+                break;
+            }
+        }
+        if outcome.is_ok() {
+            outcome = self.write_pending(&mut b, hooks);
+        }
+        self.batch_held = None;
+        self.batch_released = None;
+        outcome.map(|()| report)
+    }
+
+    /// Writes what the batch has not written yet.
+    pub(super) fn write_pending(
+        &mut self,
+        b: &mut Batch,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<()> {
+        self.flush(&mut b.run, hooks)?;
+        self.flush_held(&mut b.held)
+    }
+
+    /// One fact of a parents-first batch: a duplicate, held, or released into `run` (and
+    /// then what waited for it, after `run` is written).
+    fn insert_in_batch(
+        &mut self,
+        fact: &Fact,
+        b: &mut Batch,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<InsertOutcome> {
+        let hash = fact.hash();
+        let batch = self.batch_released.as_ref().expect("in a batch");
+        let before = &b.before;
+        if let Some(&(seq, _)) = batch.get(&hash).or_else(|| before.get(&hash)) {
+            return Ok(InsertOutcome::Duplicate { seq: Some(seq) });
+        }
+        let (preds, missing) =
+            split_predecessors(fact, self.batch_held.as_ref(), &self.assumed, &mut |h| {
+                Ok(batch.get(h).or_else(|| before.get(h)).copied())
+            })?;
+        if !missing.is_empty() {
+            return self.hold_in_batch(fact, missing, b);
+        }
+        let type_id = self.names.id(&self.tx, false, fact.type_name())?;
+        let mut edges = Vec::with_capacity(preds.len());
+        for (role, pred, pred_seq, pred_type) in &preds {
+            edges.push((
+                self.names.id(&self.tx, true, role)?,
+                *pred,
+                *pred_seq,
+                *pred_type,
+            ));
+        }
+        let seq = self.counters().seq + 1;
+        self.counters().seq = seq;
+        b.run.push(fact.clone(), seq, type_id, &edges);
+        let batch = self.batch_released.as_mut().expect("in a batch");
+        batch.insert(hash, (seq, type_id));
+        // Only a fact waited for when the batch began can release held facts: one held
+        // in this batch waits for a fact that comes before it.
+        let released = if b.waited.contains(&hash) {
+            self.write_pending(b, hooks)?;
+            1 + self.cascade_in_batch(hash, (seq, type_id), b, hooks)?
+        } else {
+            1
+        };
+        Ok(InsertOutcome::Inserted { seq, released })
+    }
+
+    /// [`PgWrite::hold`] for a fact of the batch: its row and waits join the held run,
+    /// with a row id drawn ahead.
+    fn hold_in_batch(
+        &mut self,
+        fact: &Fact,
+        missing: Vec<crate::store::steps::Missing>,
+        b: &mut Batch,
+    ) -> Result<InsertOutcome> {
+        let hash = fact.hash();
+        if b.held_before.contains(&hash) {
+            return Ok(InsertOutcome::Duplicate { seq: None });
+        }
+        let max = self.tx.backend.shared.options.max_held;
+        if self.counters().held as u64 >= max {
+            return Err(Error::HeldLimit { limit: max, hash });
+        }
+        if b.ids.is_empty() {
+            b.ids = self.draw_held_ids(b.left.clamp(1, RUN))?;
+        }
+        let id = b.ids.pop().expect("drawn");
+        let now = self.tx.backend.shared.options.clock.now_ms();
+        let h = &mut b.held;
+        h.id.push(id);
+        h.hash.push(hash);
+        h.bytes.push(fact.clone());
+        h.missing.push(missing.len() as i64);
+        h.held_at.push(now);
+        for (m, parent) in &missing {
+            match parent {
+                Some(parent) => {
+                    h.child.0.push(*parent);
+                    h.child.1.push(id);
+                }
+                None => {
+                    h.wait.0.push(*m);
+                    h.wait.1.push(id);
+                }
+            }
+        }
+        self.batch_held
+            .as_mut()
+            .expect("in a batch")
+            .insert(hash, id);
+        self.add_held(1);
+        Ok(InsertOutcome::Held {
+            missing: missing.into_iter().map(|(m, _)| m).collect(),
+        })
+    }
+
+    /// `n` new `held` row ids, in the order the table's own would give them; returned
+    /// last first.
+    fn draw_held_ids(&self, n: usize) -> Result<Vec<i64>> {
+        let mut ids: Vec<i64> = self
+            .tx
+            .rows(
+                "SELECT nextval(pg_get_serial_sequence('held', 'id')) FROM generate_series(1, $1::bigint)",
+                &[&(n as i64)],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(ids)
+    }
+
+    /// Writes the held run's rows and waits in one statement.
+    fn flush_held(&mut self, h: &mut HeldRun) -> Result<()> {
+        if h.id.is_empty() {
+            return Ok(());
+        }
+        let bytes: Vec<&[u8]> = h.bytes.iter().map(Fact::canonical_bytes).collect();
+        self.tx.exec(
+            "WITH h AS (
+                 INSERT INTO held (id, hash, bytes, missing, held_at)
+                 SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[])),
+             w AS (
+                 INSERT INTO held_wait (missing, waiter)
+                 SELECT * FROM unnest($6::bytea[], $7::bigint[]))
+             INSERT INTO held_child (parent, waiter) SELECT * FROM unnest($8::bigint[], $9::bigint[])",
+            &[
+                &h.id,
+                &slices(&h.hash),
+                &bytes,
+                &h.missing,
+                &h.held_at,
+                &slices(&h.wait.0),
+                &h.wait.1,
+                &h.child.0,
+                &h.child.1,
+            ],
+        )?;
+        *h = HeldRun::default();
+        Ok(())
+    }
+
+    /// Writes `run`'s facts and edges in one statement, then calls the release hooks for
+    /// each, in order.
+    pub(super) fn flush(&mut self, run: &mut Run, hooks: &mut HookRunner<'_>) -> Result<()> {
+        if run.facts.is_empty() {
+            return Ok(());
+        }
+        let hashes: Vec<FactHash> = run.facts.iter().map(|f| f.hash()).collect();
+        let hashes: Vec<&[u8]> = hashes.iter().map(|h| &h.0[..]).collect();
+        let bytes: Vec<&[u8]> = run.facts.iter().map(|f| f.canonical_bytes()).collect();
+        let (mut succ, mut succ_type) = (Vec::new(), Vec::new());
+        let mut start = 0;
+        for (i, &end) in run.ends.iter().enumerate() {
+            succ.extend(std::iter::repeat_n(run.seq[i], end - start));
+            succ_type.extend(std::iter::repeat_n(run.type_id[i], end - start));
+            start = end;
+        }
+        let added: i64 = self.tx.rows(
+            "WITH f AS (
+                 INSERT INTO fact (seq, hash, type_id, bytes)
+                 SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[])
+                 ON CONFLICT (hash) DO NOTHING RETURNING 1),
+             e AS (
+                 INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
+                 SELECT * FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[]))
+             SELECT count(*) FROM f",
+            &[
+                &run.seq,
+                &hashes,
+                &run.type_id,
+                &bytes,
+                &run.pred,
+                &run.role,
+                &succ_type,
+                &succ,
+                &run.pred_type,
+            ],
+        )?[0]
+            .get(0);
+        if added != run.facts.len() as i64 {
+            // Under the write lock, a fact read as absent at the batch's start is absent.
+            return Err(Error::Corrupt {
+                hash: run.facts[0].hash(),
+                reason: format!(
+                    "{} of {} facts read as not released were released meanwhile",
+                    run.facts.len() as i64 - added,
+                    run.facts.len()
+                ),
+            });
+        }
+        let mut start = 0;
+        for (i, fact) in run.facts.iter().enumerate() {
+            let end = run.ends[i];
+            let (hashes, seqs) = (&run.pred_hash[start..end], &run.pred[start..end]);
+            let known = |h: &FactHash| hashes.iter().position(|p| p == h).map(|k| seqs[k]);
+            hooks.released(&self.tx, fact, run.seq[i], &known)?;
+            start = end;
+        }
+        run.clear();
+        Ok(())
+    }
+
+    /// Which of `facts` and of their predecessors are released, with seq and type id:
+    /// one statement.
+    fn released_among(&self, facts: &[Fact]) -> Result<Known> {
+        let mut wanted: HashSet<FactHash, BuildFactHasher> = HashSet::default();
+        for fact in facts {
+            wanted.insert(fact.hash());
+            wanted.extend(
+                fact.predecessor_hashes()
+                    .into_iter()
+                    .filter(|p| !self.assumed.contains_key(p)),
+            );
+        }
+        let wanted: Vec<&[u8]> = wanted.iter().map(|h| &h.0[..]).collect();
+        let mut known = Known::default();
+        for row in self.tx.rows(
+            "SELECT hash, seq, type_id FROM fact WHERE hash = ANY($1::bytea[])",
+            &[&wanted],
+        )? {
+            known.insert(hash_at(&row, 0)?, (row.get(1), row.get(2)));
+        }
+        Ok(known)
+    }
+
+    /// Which of `facts` held facts wait for by hash (`held_wait`), and which are held;
+    /// none when nothing is held.
+    fn held_among(
+        &mut self,
+        facts: &[Fact],
+    ) -> Result<(
+        HashSet<FactHash, BuildFactHasher>,
+        HashSet<FactHash, BuildFactHasher>,
+    )> {
+        let (mut waited, mut held) = (HashSet::default(), HashSet::default());
+        if self.counters().held == 0 {
+            return Ok((waited, held));
+        }
+        let hashes: Vec<FactHash> = facts.iter().map(Fact::hash).collect();
+        for row in self.tx.rows(
+            "SELECT u.hash, false FROM unnest($1::bytea[]) AS u(hash)
+             WHERE EXISTS (SELECT 1 FROM held_wait w WHERE w.missing = u.hash)
+             UNION ALL
+             SELECT u.hash, true FROM unnest($1::bytea[]) AS u(hash)
+             JOIN held h ON substr(h.hash, 1, 8) = substr(u.hash, 1, 8) AND h.hash = u.hash",
+            &[&slices(&hashes)],
+        )? {
+            let hash = hash_at(&row, 0)?;
+            if row.get(1) {
+                held.insert(hash);
+            } else {
+                waited.insert(hash);
+            }
+        }
+        Ok((waited, held))
+    }
+}
