@@ -1194,8 +1194,18 @@ fn http_wrong_content_type() {
     let node = Node::new();
     let server = node.serve();
     let body = fact("A", 1, &[]).canonical_bytes().to_vec();
-    let got = http(&server, "POST", "/v1/facts", JSON_CT, &body, None);
+    // A push is CBOR or, in the JSON API, JSON: any other type is refused unread.
+    let got = http(&server, "POST", "/v1/facts", "text/plain", &body, None);
     assert_error(got, 415, "unsupported_media_type");
+    // CBOR sent as JSON is read as JSON, and refused as a body that is not a JSON array,
+    // saying where.
+    let got = http(&server, "POST", "/v1/facts", JSON_CT, &body, None);
+    assert!(
+        got.1["message"].as_str().unwrap().contains("at byte 0"),
+        "{}",
+        got.1
+    );
+    assert_error(got, 400, "bad_request");
     let got = http(
         &server,
         "POST",
