@@ -31,7 +31,6 @@
 //! `PRECEDENT_BENCH_OUT` (`target/bench-peer-jinaga.json`). See `docs/performance.md`,
 //! "Against Jinaga's server on PostgreSQL".
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -114,7 +113,7 @@ fn database() -> String {
     }
 }
 
-/// `precedent --db URL serve` on a free port of 127.0.0.1: the child and its base URL.
+/// `precedent --db URL init`, then [`common::serve`] on it.
 fn serve(db: &str) -> (Child, String) {
     let init = Command::new(BIN)
         .args(["--db", db, "init"])
@@ -125,21 +124,7 @@ fn serve(db: &str) -> (Child, String) {
         "init: {}",
         String::from_utf8_lossy(&init.stderr)
     );
-    let mut child = Command::new(BIN)
-        .args(["--db", db, "serve", "--listen", "127.0.0.1:0"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("serve said {line:?}"))
-        .to_string();
-    (child, url)
+    common::serve(db)
 }
 
 fn post(agent: &ureq::Agent, url: &str, body: &str) -> Vec<u8> {

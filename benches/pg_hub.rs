@@ -53,7 +53,7 @@ mod pg;
 #[path = "common/shop.rs"]
 mod shop_facts;
 
-use shop_facts::{order, shipment, shipped, shop, spec};
+use shop_facts::{order, shipped, shop, spec, store_shop_orders};
 
 const QUERY_TARGET_MS: f64 = 5.0;
 const THROUGHPUT_TARGET: f64 = 10_000.0;
@@ -162,24 +162,7 @@ fn query_phase(stores: usize, orders: usize) -> Json {
     let store = Store::open_with(&db.url, load_options).unwrap();
     let shops: Vec<Fact> = (0..stores).map(shop).collect();
     let started = Instant::now();
-    store.insert_batch(shops.clone()).unwrap();
-    let (mut chunk, mut total) = (Vec::with_capacity(50_000), stores);
-    for o in 0..orders {
-        for (i, s) in shops.iter().enumerate() {
-            let ord = order(s, i, o * stores + i);
-            let shipped = !o.is_multiple_of(10);
-            chunk.push(ord.clone());
-            if shipped {
-                chunk.push(shipment(&ord));
-            }
-            if chunk.len() >= 50_000 {
-                total += chunk.len();
-                store.insert_batch(std::mem::take(&mut chunk)).unwrap();
-            }
-        }
-    }
-    total += chunk.len();
-    store.insert_batch(chunk).unwrap();
+    let total = store_shop_orders(&store, &shops, orders);
     let load_secs = started.elapsed().as_secs_f64();
     eprintln!(
         "loaded {total} facts in {load_secs:.1} s ({:.0} facts/s)",

@@ -30,7 +30,7 @@ use serde_json::json;
 #[path = "common/shop.rs"]
 mod shop_facts;
 
-use shop_facts::{order, shipment, shop};
+use shop_facts::{order, shipment, shop, store_shop_orders};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -53,26 +53,7 @@ fn build(path: &PathBuf, stores: usize, orders: usize) -> Vec<FactHash> {
     };
     let store = Store::open_with(path, options).unwrap();
     let started = Instant::now();
-    store.insert_batch(shops.clone()).unwrap();
-    let mut chunk = Vec::with_capacity(50_000);
-    let mut total = stores;
-    for o in 0..orders {
-        for (i, s) in shops.iter().enumerate() {
-            let ord = order(s, i, o * stores + i);
-            // 90% shipped: in every shop, all but each tenth order.
-            let shipped = !o.is_multiple_of(10);
-            chunk.push(ord.clone());
-            if shipped {
-                chunk.push(shipment(&ord));
-            }
-            if chunk.len() >= 50_000 {
-                total += chunk.len();
-                store.insert_batch(std::mem::take(&mut chunk)).unwrap();
-            }
-        }
-    }
-    total += chunk.len();
-    store.insert_batch(chunk).unwrap();
+    let total = store_shop_orders(&store, &shops, orders);
     eprintln!(
         "built {total} facts in {:.1} s",
         started.elapsed().as_secs_f64()

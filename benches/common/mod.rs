@@ -4,7 +4,6 @@
 #![allow(dead_code)] // each benchmark uses only some of them
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -70,16 +69,13 @@ pub fn watch_peak(pid: u32) -> JoinHandle<f64> {
     })
 }
 
-/// `precedent --db DB serve` on a free port of 127.0.0.1; the child and its URL.
-pub fn serve(db: &Path) -> (Child, String) {
+/// `precedent --db DB serve` on a free port of 127.0.0.1 (DB a file or a `postgres://`
+/// URL); the child and its URL.
+pub fn serve(db: impl AsRef<std::ffi::OsStr>) -> (Child, String) {
     let mut child = Command::new(BIN)
-        .args([
-            "--db",
-            db.to_str().unwrap(),
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-        ])
+        .arg("--db")
+        .arg(db.as_ref())
+        .args(["serve", "--listen", "127.0.0.1:0"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

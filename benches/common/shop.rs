@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each benchmark uses only some of them
 
 use precedent::queue::{Completion, QueueSpec};
-use precedent::{Fact, FactHash};
+use precedent::{Fact, FactHash, Store};
 
 pub fn shop(i: usize) -> Fact {
     Fact::builder("Shop")
@@ -49,4 +49,28 @@ pub fn spec() -> QueueSpec {
             role: "order".into(),
         }],
     )
+}
+
+/// Stores `shops`, then `orders` orders for each shop in turn (90% shipped: in every shop,
+/// all but each tenth order), with `insert_batch` in chunks of 50,000; returns how many
+/// facts that was.
+pub fn store_shop_orders(store: &Store, shops: &[Fact], orders: usize) -> usize {
+    store.insert_batch(shops.to_vec()).unwrap();
+    let (mut chunk, mut total) = (Vec::with_capacity(50_000), shops.len());
+    for o in 0..orders {
+        for (i, s) in shops.iter().enumerate() {
+            let ord = order(s, i, o * shops.len() + i);
+            chunk.push(ord.clone());
+            if !o.is_multiple_of(10) {
+                chunk.push(shipment(&ord));
+            }
+            if chunk.len() >= 50_000 {
+                total += chunk.len();
+                store.insert_batch(std::mem::take(&mut chunk)).unwrap();
+            }
+        }
+    }
+    total += chunk.len();
+    store.insert_batch(chunk).unwrap();
+    total
 }

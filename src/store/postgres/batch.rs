@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::FactHash;
 use crate::store::backend::HookRunner;
-use crate::store::steps::{batch_order, split_predecessors, tally};
+use crate::store::steps::{Pred, batch_order, split_predecessors, tally};
 use crate::store::{BatchReport, InsertOutcome};
 
 /// Facts written by one statement at most: bounds its arrays.
@@ -197,21 +197,8 @@ impl PgWrite<'_> {
         if !missing.is_empty() {
             return self.hold_in_batch(fact, missing, b);
         }
-        let type_id = self.names.id(&self.tx, false, fact.type_name())?;
-        let mut edges = Vec::with_capacity(preds.len());
-        for (role, pred, pred_seq, pred_type) in &preds {
-            edges.push((
-                self.names.id(&self.tx, true, role)?,
-                *pred,
-                *pred_seq,
-                *pred_type,
-            ));
-        }
-        let seq = self.counters().seq + 1;
-        self.counters().seq = seq;
-        b.run.push(fact.clone(), seq, type_id, &edges);
-        let batch = self.batch_released.as_mut().expect("in a batch");
-        batch.insert(hash, (seq, type_id));
+        let edges = self.run_edges(&preds)?;
+        let (seq, type_id) = self.join_run(fact.clone(), &edges, b)?;
         // Only a fact waited for when the batch began can release held facts: one held
         // in this batch waits for a fact that comes before it.
         let released = if b.waited.contains(&hash) {
@@ -221,6 +208,42 @@ impl PgWrite<'_> {
             1
         };
         Ok(InsertOutcome::Inserted { seq, released })
+    }
+
+    /// The edges of a fact whose predecessors `preds` are all released, as a run holds
+    /// them: role id, predecessor hash, seq and type id.
+    pub(super) fn run_edges(
+        &mut self,
+        preds: &[Pred<'_>],
+    ) -> Result<Vec<(i64, FactHash, i64, i64)>> {
+        let mut edges = Vec::with_capacity(preds.len());
+        for (role, pred, pred_seq, pred_type) in preds {
+            edges.push((
+                self.names.id(&self.tx, true, role)?,
+                *pred,
+                *pred_seq,
+                *pred_type,
+            ));
+        }
+        Ok(edges)
+    }
+
+    /// Gives `fact` the next seq and puts it with its `edges` ([`PgWrite::run_edges`]) in
+    /// the batch's run; its seq and type id.
+    pub(super) fn join_run(
+        &mut self,
+        fact: Fact,
+        edges: &[(i64, FactHash, i64, i64)],
+        b: &mut Batch,
+    ) -> Result<(i64, i64)> {
+        let type_id = self.names.id(&self.tx, false, fact.type_name())?;
+        let seq = self.counters().seq + 1;
+        self.counters().seq = seq;
+        let hash = fact.hash();
+        b.run.push(fact, seq, type_id, edges);
+        let batch = self.batch_released.as_mut().expect("in a batch");
+        batch.insert(hash, (seq, type_id));
+        Ok((seq, type_id))
     }
 
     /// [`PgWrite::hold`] for a fact of the batch: its row and waits join the held run,

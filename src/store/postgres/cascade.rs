@@ -152,22 +152,8 @@ impl PgWrite<'_> {
             // A held row of a fact released already: gone now, its waiters follow.
             return Ok(at);
         }
-        let type_id = self.names.id(&self.tx, false, fact.type_name())?;
-        let mut edges = Vec::with_capacity(preds.len());
-        for (role, pred, pred_seq, pred_type) in &preds {
-            edges.push((
-                self.names.id(&self.tx, true, role)?,
-                *pred,
-                *pred_seq,
-                *pred_type,
-            ));
-        }
-        let seq = self.counters().seq + 1;
-        self.counters().seq = seq;
-        b.run.push(fact, seq, type_id, &edges);
-        let batch = self.batch_released.as_mut().expect("in a batch");
-        batch.insert(hash, (seq, type_id));
-        Ok((seq, type_id))
+        let edges = self.run_edges(&preds)?;
+        self.join_run(fact, &edges, b)
     }
 
     /// Reads the waiters of `hash` (and of held row `id`) unless read, with the rows

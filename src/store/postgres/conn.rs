@@ -104,7 +104,8 @@ pub(crate) struct Tx<'a> {
     conn: RefCell<Option<PgConn>>,
     pub(crate) backend: &'a PgBackend,
     open: bool,
-    /// Begun `READ ONLY`: every row it reads was committed before it began.
+    /// A read transaction (`READ ONLY`, set by `Backend::read`): every row it reads was
+    /// committed before it began.
     pub(crate) read_only: bool,
 }
 
@@ -128,7 +129,7 @@ impl<'a> Tx<'a> {
             conn: RefCell::new(Some(conn)),
             backend: pg,
             open: true,
-            read_only: begin.ends_with("READ ONLY"),
+            read_only: false,
         })
     }
 

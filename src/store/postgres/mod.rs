@@ -248,10 +248,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Backend for PostgresBackend {
     fn read(&self) -> Result<Box<dyn ReadTx + '_>> {
-        Ok(Box::new(conn::Tx::begin(
-            self,
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-        )?))
+        let mut tx = conn::Tx::begin(self, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+        tx.read_only = true;
+        Ok(Box::new(tx))
     }
 
     fn write(&self) -> Result<Box<dyn WriteTx + '_>> {
