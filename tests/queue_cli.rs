@@ -275,7 +275,13 @@ fn exit_65_is_poison_listed_shown_and_redriven() {
     db.import(&facts);
     declare(&db, &[]);
     let out = work_once(&db, "echo 'cannot parse this order' >&2; exit 65");
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // `--once` exits 1 when inputs were poisoned or dead-lettered in its run.
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("2 input(s) dead-lettered or poisoned in this run"),
+        "{}",
+        stderr(&out)
+    );
     let list = db.ok(&["poison", "queue", "list", "ship"]);
     assert_eq!(list.lines().count(), 2, "{list}");
     assert!(list.contains("cannot parse this order"), "{list}");
@@ -311,7 +317,7 @@ fn permanent_failures_go_to_the_dlq_and_check_alerts_until_discarded() {
     declare(&db, &["--max-attempts", "1", "--unordered"]);
     assert_eq!(code(&db.run(&["queue", "check"])), 0);
     let out = work_once(&db, "echo first >&2; echo 'disk full' >&2; exit 1");
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(code(&out), 1, "dead letters in this run: {}", stderr(&out));
     assert!(stderr(&out).contains("dead-lettered"), "{}", stderr(&out));
     let list = db.ok(&["dlq", "list", "ship"]);
     assert_eq!(list.lines().count(), 2, "{list}");
@@ -429,7 +435,13 @@ fn queue_items_shows_causal_blocking_by_a_dead_letter() {
     assert!(!items.contains("dead-lettered"));
     // Only the first is offered; it fails permanently.
     let out = work_once(&db, "exit 9");
-    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert_eq!(code(&out), 1, "a dead letter in this run: {}", stderr(&out));
+    assert_eq!(
+        stderr(&out).matches(" dead-lettered as ").count(),
+        1,
+        "{}",
+        stderr(&out)
+    );
     let items = db.ok(&["queue", "items", "ship"]);
     assert!(
         items.contains(&format!(

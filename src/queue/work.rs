@@ -741,6 +741,30 @@ impl Store {
         self.write(|w| w.fail(lease, &failure))
     }
 
+    /// [`Store::fail`], with a transient failure retried no sooner than `delay_ms` from
+    /// now (a delay the handler chose), or after the backoff if that is later.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held.
+    pub fn fail_not_before(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        delay_ms: i64,
+    ) -> Result<FailOutcome> {
+        self.write(|w| match w.fail(lease, &failure)? {
+            FailOutcome::Retry { at_ms } => {
+                let at_ms = at_ms.max(w.now_ms().saturating_add(delay_ms.max(0)));
+                w.sql().execute(
+                    "UPDATE queue_item SET claimable_at = ?3 WHERE queue_id = ?1 AND input = ?2",
+                    args![lease.queue_id, lease.seq, at_ms],
+                )?;
+                Ok(FailOutcome::Retry { at_ms })
+            }
+            other => Ok(other),
+        })
+    }
+
     /// Gives a leased input back without counting the attempt (a worker shutting down
     /// before it started the work).
     ///

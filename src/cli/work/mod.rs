@@ -8,6 +8,13 @@
 //!
 //! Exit statuses follow sysexits(3): 0 done, 75 (`EX_TEMPFAIL`) retry later, 65
 //! (`EX_DATAERR`) poison; anything else, a signal included, is a transient failure.
+//!
+//! With `--process` ([`process`]) the command is started once per job instead and
+//! talks JSON Lines with the worker, many inputs in flight at a time.
+
+mod patient;
+mod process;
+mod protocol;
 
 use std::io::{Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -25,6 +32,7 @@ use precedent::{Error, Fact, Store, json};
 
 use super::queue::parse_duration;
 use super::{Failure as CliFailure, Global, Status, exit};
+use patient::{BACKOFF, BACKOFF_CAP, OUTAGE, patiently};
 
 /// The options of `precedent work`.
 #[derive(Args, Debug)]
@@ -43,6 +51,19 @@ pub struct WorkArgs {
     /// How long to wait before looking again when nothing is ready.
     #[arg(long, value_name = "DUR", default_value = "200ms", value_parser = parse_duration)]
     pub poll: i64,
+    /// Start the command once per job and hand it inputs as JSON Lines on its stdin,
+    /// reading one answer line per input from its stdout (docs/queues.md, "Long-running
+    /// handlers").
+    #[arg(long)]
+    pub process: bool,
+    /// With --process: how many inputs each handler has at most at once.
+    #[arg(long, value_name = "N", default_value_t = 32, requires = "process")]
+    pub in_flight: usize,
+    /// Give up on an input after this long: its handler's process group is killed (with
+    /// --process: the input is failed, and a handler that answers nothing meanwhile is
+    /// restarted); the attempt counts as a transient failure.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub timeout: Option<i64>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -58,6 +79,9 @@ struct Shared {
     /// Jobs claiming or holding leases, for `--once`: a job stops when nothing is ready
     /// and no other job holds work that could unblock more.
     busy: AtomicUsize,
+    /// Inputs dead-lettered or poisoned by this worker's failures, for `--once`'s exit
+    /// status.
+    ended_badly: AtomicUsize,
 }
 
 /// `precedent work`.
@@ -81,12 +105,19 @@ pub fn work(g: &Global, args: WorkArgs) -> anyhow::Result<Status> {
         db,
         stop,
         busy: AtomicUsize::new(0),
+        ended_badly: AtomicUsize::new(0),
     });
     let handles: Vec<_> = (0..jobs)
         .map(|_| {
             let shared = shared.clone();
             let g = g.clone();
-            std::thread::spawn(move || job(&g, &shared))
+            std::thread::spawn(move || {
+                if shared.args.process {
+                    process::job(&g, &shared)
+                } else {
+                    job(&g, &shared)
+                }
+            })
         })
         .collect();
     let mut first_error = None;
@@ -102,19 +133,18 @@ pub fn work(g: &Global, args: WorkArgs) -> anyhow::Result<Status> {
             }
         }
     }
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(Status::Ok),
+    if let Some(e) = first_error {
+        return Err(e);
     }
+    let ended_badly = shared.ended_badly.load(Ordering::Relaxed);
+    if shared.args.once && ended_badly > 0 {
+        // Exit 1, as for other data problems: cron and scripts see that some inputs need
+        // a look (`dlq list`, `poison queue list`).
+        eprintln!("{ended_badly} input(s) dead-lettered or poisoned in this run");
+        return Ok(Status::Problems);
+    }
+    Ok(Status::Ok)
 }
-
-/// How long a job keeps retrying while its database server is unavailable (down,
-/// restarting, connections cut) before the worker exits with the last error.
-const OUTAGE: Duration = Duration::from_secs(300);
-/// The first pause after a failure for an unavailable database server, doubled per
-/// failure up to [`BACKOFF_CAP`].
-const BACKOFF: Duration = Duration::from_millis(100);
-const BACKOFF_CAP: Duration = Duration::from_secs(5);
 
 /// One job: claim a batch, run the command per input, repeat until stopped (or, with
 /// `--once`, until nothing is ready).
@@ -162,7 +192,7 @@ enum Step {
 fn step(store: &Store, sh: &Shared) -> anyhow::Result<Step> {
     let a = &sh.args;
     sh.busy.fetch_add(1, Ordering::SeqCst);
-    let claimed = store.claim(&a.queue, a.batch.max(1));
+    let claimed = patiently("claim", || store.claim(&a.queue, a.batch.max(1)));
     let mut leases = match claimed {
         Ok(l) => l,
         Err(e) => {
@@ -182,7 +212,7 @@ fn step(store: &Store, sh: &Shared) -> anyhow::Result<Step> {
     let result = run_batch(store, sh, &mut leases);
     // Whatever happened, leases not started are given back, not left to expire.
     for lease in leases.drain(..) {
-        match store.release(lease) {
+        match patiently("release a lease", || store.release(lease.clone())) {
             Ok(()) | Err(Error::LeaseLost { .. }) => {}
             Err(e) => eprintln!("warning: cannot release a lease: {e}"),
         }
@@ -209,10 +239,7 @@ fn run_batch(store: &Store, sh: &Shared, leases: &mut Vec<Lease>) -> anyhow::Res
     while !leases.is_empty() && !sh.stop.load(Ordering::Relaxed) {
         let lease = leases.remove(0);
         let outcome = handle(store, sh, lease, leases)?;
-        // The global -q/--quiet (`work ship --quiet`): no line per input.
-        if !super::log::quiet() {
-            eprintln!("{outcome}");
-        }
+        log_line(&outcome);
     }
     Ok(())
 }
@@ -257,21 +284,121 @@ fn handle(
             &last_err,
         )),
     };
+    failed(store, sh, &lease, failure)
+}
+
+/// Fails `lease` (waiting out a locked database) and says what became of it, as one log
+/// line; counts dead letters and poison for `--once`.
+fn failed(store: &Store, sh: &Shared, lease: &Lease, failure: Failure) -> anyhow::Result<Outcome> {
+    failed_after(store, sh, lease, failure, None)
+}
+
+/// [`failed`], a retry not before `retry_after_ms` from now when given.
+fn failed_after(
+    store: &Store,
+    sh: &Shared,
+    lease: &Lease,
+    failure: Failure,
+    retry_after_ms: Option<i64>,
+) -> anyhow::Result<Outcome> {
+    let short = &lease.input.hash().to_string()[..12];
     let what = match &failure {
         Failure::Transient(r) | Failure::Permanent(r) | Failure::Poison(r) => r.clone(),
     };
-    Ok(match store.fail(&lease, failure) {
+    let result = patiently("record a failure", || match retry_after_ms {
+        Some(ms) => store.fail_not_before(lease, failure.clone(), ms),
+        None => store.fail(lease, failure.clone()),
+    });
+    let bad = |n: &AtomicUsize| n.fetch_add(1, Ordering::Relaxed);
+    Ok(match result {
         Ok(FailOutcome::Retry { at_ms }) => {
             let now = precedent::clock::Clock::now_ms(&precedent::clock::SystemClock);
             let wait = super::time::format_duration_ms(at_ms - now);
             format!("{short} retry in {wait}: {what}")
         }
-        Ok(FailOutcome::DeadLettered(h)) => format!("{short} dead-lettered as {h}: {what}"),
-        Ok(FailOutcome::Poisoned(h)) => format!("{short} poison as {h}: {what}"),
+        Ok(FailOutcome::DeadLettered(h)) => {
+            bad(&sh.ended_badly);
+            format!("{short} dead-lettered as {h}: {what}")
+        }
+        Ok(FailOutcome::Poisoned(h)) => {
+            bad(&sh.ended_badly);
+            format!("{short} poison as {h}: {what}")
+        }
         Ok(FailOutcome::Dropped) => format!("{short} failed, dropped (at-most-once): {what}"),
         Err(Error::LeaseLost { .. }) => format!("{short} lease lost before failing: {what}"),
         Err(e) => return Err(e.into()),
     })
+}
+
+/// Logs what became of one input, unless `-q` (`work ship --quiet`).
+fn log_line(line: &str) {
+    if !super::log::quiet() {
+        eprintln!("{line}");
+    }
+}
+
+/// The failure of an attempt that ran past `--timeout`. IMPORTANT: the one place that
+/// builds it.
+fn timed_out(limit: Duration) -> Failure {
+    Failure::Transient(format!(
+        "timed out after {}",
+        super::time::format_duration_ms(limit.as_millis() as i64)
+    ))
+}
+
+/// The handler command, with its environment, in a process group of its own (a Ctrl-C
+/// at the terminal stops the worker's claiming, not the commands it lets finish; a
+/// timeout kills the whole group), and killed if the worker dies (Linux).
+fn command(sh: &Shared) -> Command {
+    let (program, rest) = sh
+        .args
+        .command
+        .split_first()
+        .expect("clap requires COMMAND");
+    let mut cmd = Command::new(program);
+    cmd.args(rest)
+        .env("PRECEDENT_QUEUE", &sh.args.queue)
+        .env("PRECEDENT_DB", &sh.db)
+        .process_group(0);
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: prctl(2) and getppid(2) are async-signal-safe and touch no memory of
+        // the parent; nothing here allocates.
+        let parent = std::process::id() as libc::pid_t;
+        unsafe {
+            cmd.pre_exec(move || {
+                // IMPORTANT: the signal comes when the *thread* that spawned the child
+                // ends; each job spawns its handlers from its own thread, which outlives
+                // them.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    // The worker died before the prctl took effect.
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd
+}
+
+/// Kills the process group of `child` (started by [`command`], so its own group).
+fn kill_group(child: &std::process::Child) {
+    // SAFETY: kill(2) on the group of a child we started and have not reaped.
+    unsafe {
+        libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+    }
+}
+
+/// How a handler's process ended, in words.
+fn describe_status(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => "ended".into(),
+    }
 }
 
 fn with_stderr(head: &str, last: &str) -> String {
@@ -293,23 +420,13 @@ fn run_command(
     mut lease: Lease,
     waiting: &mut [Lease],
 ) -> anyhow::Result<Ran> {
-    let (program, rest) = sh
-        .args
-        .command
-        .split_first()
-        .expect("clap requires COMMAND");
-    let spawned = Command::new(program)
-        .args(rest)
+    let program = &sh.args.command[0];
+    let spawned = command(sh)
         .env("PRECEDENT_INPUT_HASH", lease.input.hash().to_string())
         .env("PRECEDENT_ATTEMPT", lease.attempt.to_string())
-        .env("PRECEDENT_QUEUE", &lease.queue)
-        .env("PRECEDENT_DB", &sh.db)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        // Its own process group: a Ctrl-C at the terminal stops the worker's claiming,
-        // not the commands it lets finish.
-        .process_group(0)
         .spawn();
     let mut child = match spawned {
         Ok(c) => c,
@@ -367,7 +484,7 @@ fn run_command(
 /// runs on, and its completion is tried when it ends (refused if the lease expired
 /// meanwhile).
 fn extend(store: &Store, lease: Lease) -> anyhow::Result<Lease> {
-    match store.extend(&lease) {
+    match patiently("extend a lease", || store.extend(&lease)) {
         Ok(l) => Ok(l),
         Err(Error::LeaseLost { .. }) => Ok(lease),
         Err(e) if e.is_unavailable() => {
@@ -401,45 +518,62 @@ fn complete(
         }
         let s = json::parse(line)
             .map_err(|e| CompleteError::Output(format!("stdout line {}: {e}", i + 1)))?;
-        specs.push((i + 1, s));
+        specs.push((format!("stdout line {}", i + 1), s));
     }
-    let input = lease.input.hash();
-    let result = store.complete(lease, |w| {
-        let mut facts: Vec<Fact> = Vec::new();
-        for (line, s) in &specs {
-            let resolved =
-                json::resolve(s, &mut |p| w.resolve_prefix(p)).map_err(|e| Error::Json {
-                    reason: format!("stdout line {line}: {e}"),
-                })?;
-            facts.extend(resolved);
-        }
-        let completes = facts.iter().any(|f| {
-            spec.completions.iter().any(|c| {
-                f.type_name() == c.type_name
-                    && f.predecessors()
-                        .get(&c.role)
-                        .is_some_and(|set| set.contains(&input))
-            })
-        });
-        if !completes {
-            // Deterministic per input: a retry after a crash writes the same fact.
-            facts.push(lease.completion().field("by", "precedent work").build()?);
-        }
-        for f in &facts {
-            w.insert(f)?;
-        }
-        Ok(facts.len())
+    let result = patiently("store a completion", || {
+        store.complete(lease, |w| store_output(w, spec, lease, &specs))
     });
     match result {
         Ok(n) => Ok(n),
-        Err(Error::LeaseLost { .. }) => Err(CompleteError::LeaseLost),
-        Err(e @ (Error::Backend(_) | Error::Io(_) | Error::Corrupt { .. })) => {
-            Err(CompleteError::Store(e))
-        }
-        Err(e) => Err(CompleteError::Output(format!(
-            "cannot store the output: {e}"
-        ))),
+        Err(e) => Err(CompleteError::from(e)),
     }
+}
+
+impl From<Error> for CompleteError {
+    fn from(e: Error) -> CompleteError {
+        match e {
+            Error::LeaseLost { .. } => CompleteError::LeaseLost,
+            e @ (Error::Backend(_) | Error::Io(_) | Error::Corrupt { .. }) => {
+                CompleteError::Store(e)
+            }
+            e => CompleteError::Output(format!("cannot store the output: {e}")),
+        }
+    }
+}
+
+/// Stores a handler's facts (`specs`, each with where it was read, for errors) in the
+/// transaction completing `lease` and, unless one of them completes the input, a
+/// completing fact of our own. Returns the fact count.
+fn store_output<W: std::fmt::Display>(
+    w: &mut precedent::Writer<'_>,
+    spec: &QueueSpec,
+    lease: &Lease,
+    specs: &[(W, json::FactSpec)],
+) -> Result<usize, Error> {
+    let input = lease.input.hash();
+    let mut facts: Vec<Fact> = Vec::new();
+    for (at, s) in specs {
+        let resolved = json::resolve(s, &mut |p| w.resolve_prefix(p)).map_err(|e| Error::Json {
+            reason: format!("{at}: {e}"),
+        })?;
+        facts.extend(resolved);
+    }
+    let completes = facts.iter().any(|f| {
+        spec.completions.iter().any(|c| {
+            f.type_name() == c.type_name
+                && f.predecessors()
+                    .get(&c.role)
+                    .is_some_and(|set| set.contains(&input))
+        })
+    });
+    if !completes {
+        // Deterministic per input: a retry after a crash writes the same fact.
+        facts.push(lease.completion().field("by", "precedent work").build()?);
+    }
+    for f in &facts {
+        w.insert(f)?;
+    }
+    Ok(facts.len())
 }
 
 /// Sets `stop` on SIGINT or SIGTERM. The worker then claims nothing more, lets running

@@ -1,0 +1,470 @@
+//! `precedent work QUEUE --process -- COMMAND`: one long-running handler per job.
+//!
+//! The job starts COMMAND once and keeps up to `--in-flight` inputs with it: one request
+//! line per input on its stdin, one answer line per input on its stdout, in any order
+//! (docs/queues.md, "Long-running handlers"). Each round the job reads the answers that
+//! have arrived, claims and sends inputs for the slots they freed, and only then commits
+//! the answered ones in one transaction ([`Store::complete_batch`]), so the handler works
+//! on the next inputs while the previous ones commit.
+//!
+//! A handler that exits, writes a line that names no input in flight, or stops answering
+//! past `--timeout` is stopped (its whole process group) and started again after a
+//! pause that doubles from 100 ms to 5 s until it answers again; the inputs it held are
+//! failed as transient failures, so they are retried with their attempt counted.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use precedent::queue::{Failure, Lease};
+use precedent::{Error, FactHash, Store};
+
+use super::patient::{BACKOFF, BACKOFF_CAP, patiently};
+use super::protocol::{self, Answer, Malformed, Outcome};
+use super::{CompleteError, Global, Shared, failed, failed_after, idle, log_line, store_output};
+use crate::cli::{Failure as CliFailure, exit};
+
+/// What the reader of a handler's stdout reports.
+enum Line {
+    /// Line `n` (1-based).
+    Out(usize, String),
+    /// Its stdout closed: it exited (or closed it, which is as good as exiting).
+    Closed,
+}
+
+/// A running handler: its process, the channel to the thread writing its stdin, and the
+/// lines of its stdout.
+struct Handler {
+    child: Child,
+    /// Dropped to close its stdin.
+    stdin: Option<Sender<String>>,
+    lines: Receiver<Line>,
+}
+
+impl Handler {
+    /// Starts the command and writes the protocol's first line.
+    fn start(sh: &Shared) -> anyhow::Result<Handler> {
+        let mut cmd = super::command(sh);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| {
+            CliFailure::error(
+                exit::INVALID,
+                format!("cannot run {}: {e}", sh.args.command[0]),
+            )
+        })?;
+        let pid = child.id();
+        let mut stdin = child.stdin.take().expect("piped");
+        let (to_stdin, requests) = mpsc::channel::<String>();
+        // A thread writes, so that a handler that stops reading never blocks the job.
+        std::thread::spawn(move || {
+            for text in requests {
+                if stdin.write_all(text.as_bytes()).is_err() || stdin.flush().is_err() {
+                    return;
+                }
+            }
+        });
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut out = BufReader::new(stdout);
+            let mut buf = Vec::new();
+            for n in 1.. {
+                buf.clear();
+                match out.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let text = String::from_utf8_lossy(&buf).trim_end().to_string();
+                        if tx.send(Line::Out(n, text)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            let _ = tx.send(Line::Closed);
+        });
+        let stderr = child.stderr.take().expect("piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("handler {pid}: {line}");
+            }
+        });
+        let _ = to_stdin.send(protocol::hello(&sh.args.queue));
+        Ok(Handler {
+            child,
+            stdin: Some(to_stdin),
+            lines,
+        })
+    }
+
+    fn send(&self, text: String) {
+        if let Some(s) = &self.stdin {
+            // A handler that exited is noticed when its stdout closes.
+            let _ = s.send(text);
+        }
+    }
+
+    /// Kills its whole process group and reaps it; says how it ended.
+    fn kill(&mut self) -> String {
+        super::kill_group(&self.child);
+        self.reap()
+    }
+
+    /// Waits for it to exit; says how it ended.
+    fn reap(&mut self) -> String {
+        self.stdin = None;
+        match self.child.wait() {
+            Ok(s) => super::describe_status(s),
+            Err(e) => format!("lost track of it: {e}"),
+        }
+    }
+
+    /// Closes its stdin (the end of the protocol) and waits up to `grace` for it to exit,
+    /// then kills its process group.
+    fn close(&mut self, grace: Duration) {
+        self.stdin = None;
+        let until = Instant::now() + grace;
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!(
+            "warning: handler {} did not exit within {} s of its stdin closing; killing it",
+            self.child.id(),
+            grace.as_secs()
+        );
+        self.kill();
+    }
+}
+
+/// An input sent to the handler.
+struct InFlight {
+    lease: Lease,
+    sent: Instant,
+}
+
+/// An answered input, waiting for its round's commit.
+enum Answered {
+    Done(Lease, Vec<(String, precedent::json::FactSpec)>),
+    Failed(Lease, Failure, Option<i64>),
+}
+
+/// One job of `work --process`.
+struct Job<'a> {
+    store: Store,
+    sh: &'a Shared,
+    handler: Handler,
+    flight: HashMap<u64, InFlight>,
+    /// Leases failed for a timeout while the handler had them: a late answer is ignored.
+    abandoned: HashSet<u64>,
+    next_id: u64,
+    /// When the handler last answered (or was started).
+    last_answer: Instant,
+    /// The pause before the next restart; back to the first once a handler answers.
+    restart_pause: Duration,
+    /// Whether this job counts in `Shared::busy`.
+    holding: bool,
+    /// Claim only after this instant (after a claim found nothing).
+    claim_after: Instant,
+}
+
+/// How long the job waits for an answer before looking at leases and timeouts again.
+const TICK: Duration = Duration::from_millis(50);
+/// How long a handler may take to exit once its stdin is closed.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Runs one `--process` job until stopped (or, with `--once`, until nothing is ready),
+/// then closes the handler's stdin and waits for it.
+pub(super) fn job(g: &Global, sh: &Shared) -> anyhow::Result<()> {
+    let store = g.open(false)?;
+    let handler = Handler::start(sh)?;
+    let mut job = Job {
+        store,
+        sh,
+        handler,
+        flight: HashMap::new(),
+        abandoned: HashSet::new(),
+        next_id: 1,
+        last_answer: Instant::now(),
+        restart_pause: BACKOFF,
+        holding: false,
+        claim_after: Instant::now(),
+    };
+    let result = job.run();
+    if job.holding {
+        sh.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+    if result.is_err() {
+        job.give_back();
+    }
+    job.handler.close(GRACE);
+    result
+}
+
+impl Job<'_> {
+    fn run(&mut self) -> anyhow::Result<()> {
+        loop {
+            let stopping = self.sh.stop.load(Ordering::Relaxed);
+            if stopping && self.flight.is_empty() {
+                return Ok(());
+            }
+            let answered = if self.flight.is_empty() {
+                Vec::new()
+            } else {
+                self.gather()?
+            };
+            if !stopping && self.refill(answered.len())? {
+                return Ok(());
+            }
+            self.commit(answered)?;
+            self.extend_leases()?;
+            self.time_out()?;
+        }
+    }
+
+    /// Claims inputs for the free slots and sends them. With nothing claimed and nothing
+    /// in flight or `pending` commit, waits the poll interval; returns true when `--once`
+    /// is finished.
+    fn refill(&mut self, pending: usize) -> anyhow::Result<bool> {
+        let a = &self.sh.args;
+        let free = a.in_flight.max(1).saturating_sub(self.flight.len());
+        if free == 0 || Instant::now() < self.claim_after {
+            return Ok(false);
+        }
+        if !self.holding {
+            self.sh.busy.fetch_add(1, Ordering::SeqCst);
+            self.holding = true;
+        }
+        let leases = patiently("claim", || self.store.claim(&a.queue, free))?;
+        if !leases.is_empty() {
+            for lease in leases {
+                self.send(lease);
+            }
+            return Ok(false);
+        }
+        if !self.flight.is_empty() || pending > 0 {
+            // Answers still to come or to commit may unblock successors: look again
+            // after the poll interval (`--once`: the next round).
+            if !a.once {
+                self.claim_after = Instant::now() + Duration::from_millis(a.poll.max(1) as u64);
+            }
+            return Ok(false);
+        }
+        self.holding = false;
+        let others = self.sh.busy.fetch_sub(1, Ordering::SeqCst) - 1;
+        if a.once && others == 0 {
+            return Ok(true);
+        }
+        let wait = if a.once { 5 } else { a.poll.max(1) as u64 };
+        idle(self.sh, Duration::from_millis(wait));
+        Ok(false)
+    }
+
+    fn send(&mut self, lease: Lease) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.handler.send(protocol::request(id, &lease));
+        let sent = Instant::now();
+        self.flight.insert(id, InFlight { lease, sent });
+    }
+
+    /// Waits up to a tick for an answer, then takes every answer already there.
+    fn gather(&mut self) -> anyhow::Result<Vec<Answered>> {
+        let mut answered = Vec::new();
+        let mut next = match self.handler.lines.recv_timeout(TICK) {
+            Ok(line) => Some(line),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(Line::Closed),
+        };
+        while let Some(line) = next {
+            match line {
+                Line::Out(n, text) => {
+                    if let Err(why) = self.take(n, &text, &mut answered) {
+                        self.restart(&why, &mut answered)?;
+                        break;
+                    }
+                }
+                Line::Closed => {
+                    let how = self.handler.reap();
+                    self.restart(&format!("the handler exited ({how})"), &mut answered)?;
+                    break;
+                }
+            }
+            if answered.len() >= self.sh.args.in_flight.max(1) {
+                break;
+            }
+            next = self.handler.lines.try_recv().ok();
+        }
+        Ok(answered)
+    }
+
+    /// Reads one answer line. A line that names no input in flight is an error (the
+    /// handler is restarted); one that names an input but is malformed fails that input.
+    fn take(&mut self, n: usize, text: &str, out: &mut Vec<Answered>) -> Result<(), String> {
+        if text.trim().is_empty() {
+            return Ok(());
+        }
+        let (id, outcome) = match protocol::answer(n, text) {
+            Ok(Answer { lease, outcome }) => (lease, Ok(outcome)),
+            Err(Malformed {
+                lease: Some(id),
+                message,
+            }) => (id, Err(message)),
+            Err(Malformed {
+                lease: None,
+                message,
+            }) => return Err(message),
+        };
+        let Some(f) = self.flight.remove(&id) else {
+            if self.abandoned.remove(&id) {
+                eprintln!(
+                    "warning: handler stdout line {n}: lease {id} had timed out; its answer is ignored"
+                );
+                return Ok(());
+            }
+            return Err(format!(
+                "handler stdout line {n}: no input in flight has lease {id}"
+            ));
+        };
+        self.last_answer = Instant::now();
+        self.restart_pause = BACKOFF;
+        out.push(match outcome {
+            Ok(Outcome::Done(facts)) => Answered::Done(f.lease, facts),
+            Ok(Outcome::Retry {
+                reason,
+                retry_after_ms,
+            }) => Answered::Failed(f.lease, Failure::Transient(reason), retry_after_ms),
+            Ok(Outcome::Poison(reason)) => Answered::Failed(f.lease, Failure::Poison(reason), None),
+            Err(message) => {
+                eprintln!("error: {message}");
+                Answered::Failed(f.lease, Failure::Transient(message), None)
+            }
+        });
+        Ok(())
+    }
+
+    /// Stops the handler for `why`, fails what it had in flight (into `out`, committed
+    /// with the round), and starts it again after the restart pause.
+    fn restart(&mut self, why: &str, out: &mut Vec<Answered>) -> anyhow::Result<()> {
+        let how = self.handler.kill();
+        eprintln!(
+            "error: {why}; restarting the handler in {} ms (it ended: {how})",
+            self.restart_pause.as_millis()
+        );
+        for (_, f) in self.flight.drain() {
+            let reason = format!("{why}, with this input in flight");
+            out.push(Answered::Failed(f.lease, Failure::Transient(reason), None));
+        }
+        self.abandoned.clear();
+        idle(self.sh, self.restart_pause);
+        self.restart_pause = (self.restart_pause * 2).min(BACKOFF_CAP);
+        self.handler = Handler::start(self.sh)?;
+        self.last_answer = Instant::now();
+        Ok(())
+    }
+
+    /// Commits the round: the done inputs in one transaction, then each failure.
+    fn commit(&mut self, answered: Vec<Answered>) -> anyhow::Result<()> {
+        let mut done = Vec::new();
+        let mut facts: HashMap<FactHash, Vec<(String, precedent::json::FactSpec)>> = HashMap::new();
+        let mut fails = Vec::new();
+        for a in answered {
+            match a {
+                Answered::Done(lease, specs) => {
+                    facts.insert(lease.input.hash(), specs);
+                    done.push(lease);
+                }
+                Answered::Failed(lease, failure, after) => fails.push((lease, failure, after)),
+            }
+        }
+        if !done.is_empty() {
+            let spec = &self.sh.spec;
+            let mut counts = HashMap::new();
+            let results = patiently("store completions", || {
+                self.store.complete_batch(&done, |w, lease| {
+                    let n = store_output(w, spec, lease, &facts[&lease.input.hash()])?;
+                    counts.insert(lease.input.hash(), n);
+                    Ok(())
+                })
+            })?;
+            for (lease, result) in done.into_iter().zip(results) {
+                let short = &lease.input.hash().to_string()[..12];
+                match result.map_err(CompleteError::from) {
+                    Ok(()) => {
+                        let n = counts.get(&lease.input.hash()).copied().unwrap_or(0);
+                        log_line(&format!("{short} done ({n} facts)"));
+                    }
+                    Err(CompleteError::LeaseLost) => log_line(&format!(
+                        "{short} lease lost: another worker has it; nothing written"
+                    )),
+                    Err(CompleteError::Store(e)) => return Err(e.into()),
+                    Err(CompleteError::Output(reason)) => {
+                        fails.push((lease, Failure::Transient(reason), None));
+                    }
+                }
+            }
+        }
+        for (lease, failure, after) in fails {
+            let line = failed_after(&self.store, self.sh, &lease, failure, after)?;
+            log_line(&line);
+        }
+        Ok(())
+    }
+
+    /// Extends the leases of inputs in flight for more than a third of the lease.
+    fn extend_leases(&mut self) -> anyhow::Result<()> {
+        let lease_ms = self.sh.spec.lease_ms;
+        let now = precedent::clock::Clock::now_ms(&precedent::clock::SystemClock);
+        for f in self.flight.values_mut() {
+            if f.lease.expires_at_ms - now < lease_ms * 2 / 3 {
+                f.lease = super::extend(&self.store, f.lease.clone())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails the inputs in flight for longer than `--timeout`; restarts a handler that
+    /// has answered nothing since the oldest of them was sent (it is stuck).
+    fn time_out(&mut self) -> anyhow::Result<()> {
+        let Some(limit) = self.sh.args.timeout else {
+            return Ok(());
+        };
+        let limit = Duration::from_millis(limit.max(1) as u64);
+        let late: Vec<u64> = self
+            .flight
+            .iter()
+            .filter(|(_, f)| f.sent.elapsed() >= limit)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut stuck = false;
+        for id in late {
+            let f = self.flight.remove(&id).expect("listed");
+            stuck |= self.last_answer <= f.sent;
+            self.abandoned.insert(id);
+            let line = failed(&self.store, self.sh, &f.lease, super::timed_out(limit))?;
+            log_line(&line);
+        }
+        if stuck {
+            let mut out = Vec::new();
+            self.restart("the handler answered nothing within --timeout", &mut out)?;
+            self.commit(out)?;
+        }
+        Ok(())
+    }
+
+    /// Gives back, uncounted, the inputs in flight when the job stops on an error.
+    fn give_back(&mut self) {
+        for (_, f) in self.flight.drain() {
+            match self.store.release(f.lease) {
+                Ok(()) | Err(Error::LeaseLost { .. }) => {}
+                Err(e) => eprintln!("warning: cannot release a lease: {e}"),
+            }
+        }
+    }
+}
