@@ -254,16 +254,18 @@ for line in sys.stdin:
     assert_eq!(s["completed"], 0, "{s}");
 }
 
-/// Waits, in bounded steps, for `path` to exist.
-fn wait_for(path: &PathBuf) {
+/// Waits, in bounded steps of 10 ms for up to 30 s, until `cond` holds.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
-    while !path.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{path:?} never appeared"
-        );
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(30), "{what}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Waits for `path` to exist.
+fn wait_for(path: &PathBuf) {
+    eventually(&format!("{path:?} never appeared"), || path.exists());
 }
 
 #[test]
@@ -310,4 +312,183 @@ open(os.environ["CLOSED"], "w").close()
     );
     assert_eq!(s["leased"], 0, "nothing left leased: {s}");
     assert_eq!(count(&db, "Shop.Shipped"), done);
+}
+
+/// Whether process `pid` is gone (or a zombie, which runs nothing).
+fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+fn read_pid(path: &PathBuf) -> i32 {
+    let mut pid = None;
+    eventually(&format!("no pid in {path:?}"), || {
+        pid = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| t.trim().parse().ok());
+        pid.is_some()
+    });
+    pid.unwrap()
+}
+
+#[test]
+fn sigkill_of_a_worker_leaves_no_handler_running() {
+    for mode in [&[][..], &["--process"][..]] {
+        let db = shop(1, &[]);
+        let pidfile = db.path.with_file_name("handler.pid");
+        let mut args = vec!["work", "ship"];
+        args.extend_from_slice(mode);
+        args.extend(["--", "sh", "-c", r#"echo $$ > "$PIDFILE"; exec sleep 60"#]);
+        let mut worker = db
+            .cmd(&args)
+            .env("PIDFILE", &pidfile)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = read_pid(&pidfile);
+        assert!(!gone(pid), "{mode:?}: the handler runs");
+        worker.kill().unwrap(); // SIGKILL
+        worker.wait().unwrap();
+        eventually(
+            &format!("{mode:?}: handler {pid} still runs after its worker was killed"),
+            || gone(pid),
+        );
+    }
+}
+
+#[test]
+fn a_worker_waits_for_a_write_lock_held_past_the_busy_timeout() {
+    let db = shop(6, &[]);
+    let lock = rusqlite::Connection::open(&db.path).unwrap();
+    lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let effect = common::queue::EFFECT;
+    let spawn = |mode: &[&str]| {
+        let mut args = vec!["work", "ship", "--once"];
+        args.extend_from_slice(mode);
+        args.push("--");
+        let handler = ["python3".to_string(), example("ship.py")];
+        let per_input = ["sh".to_string(), "-c".to_string(), effect.to_string()];
+        let cmd: &[String] = if mode.is_empty() {
+            &per_input
+        } else {
+            &handler
+        };
+        db.cmd(&args)
+            .args(cmd)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let per_input = spawn(&[]);
+    let process = spawn(&["--process"]);
+    // Longer than the store's 5 s busy timeout.
+    std::thread::sleep(Duration::from_millis(6500));
+    lock.execute_batch("COMMIT").unwrap();
+    let mut waited = false;
+    for child in [per_input, process] {
+        let out = child.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert_eq!(code(&out), 0, "the worker did not exit for the lock: {err}");
+        waited |= err.contains("database is locked") && err.contains("waiting for it");
+    }
+    assert!(waited, "the wait is logged");
+    let s = stats(&db.path);
+    assert_eq!(s["completed"], 6, "{s}");
+    assert_eq!(s["leased"], 0, "{s}");
+}
+
+#[test]
+fn a_per_input_timeout_kills_the_handlers_process_group_and_counts_a_failure() {
+    let db = shop(1, &["--max-attempts", "1"]);
+    let pidfile = db.path.with_file_name("grandchild.pid");
+    // The shell starts a grandchild in its group and waits for it.
+    let script = r#"echo started >&2; sleep 60 >/dev/null 2>&1 & echo $! > "$PIDFILE"; wait"#;
+    let out = db
+        .cmd(&[
+            "work",
+            "ship",
+            "--once",
+            "--timeout",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .env("PIDFILE", &pidfile)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(code(&out), 1, "dead-lettered in this run: {err}");
+    assert!(err.contains("timed out after 300ms"), "{err}");
+    assert!(err.contains("dead-lettered as"), "{err}");
+    let order = &orders(1, None)[1];
+    let short = &order.hash().to_string()[..12];
+    assert!(
+        err.contains(&format!("{short} stderr: started")),
+        "stderr kept with the input's hash: {err}"
+    );
+    let pid = read_pid(&pidfile);
+    eventually(&format!("grandchild {pid} survived"), || gone(pid));
+    assert_eq!(stats(&db.path)["dead"], 1);
+}
+
+#[test]
+fn a_process_handler_stuck_past_the_timeout_is_restarted_and_the_input_retried() {
+    let db = shop(2, &["--backoff-base", "1ms", "--backoff-cap", "1ms"]);
+    // Attempt 1 of any input: never answered (the handler sleeps); attempt 2: done.
+    let body = r#"
+import time
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["attempt"] == 1:
+        time.sleep(60)
+    answer(shipped(req))
+"#;
+    let out = run_py(&db, &["--in-flight", "1", "--timeout", "400ms"], body);
+    let err = stderr(&out);
+    assert_eq!(code(&out), 0, "{err}");
+    assert!(err.contains("timed out after 400ms"), "{err}");
+    assert!(
+        err.contains("the handler answered nothing within --timeout"),
+        "{err}"
+    );
+    assert_eq!(count(&db, "Shop.Shipped"), 2, "{err}");
+    assert_eq!(stats(&db.path)["completed"], 2);
+}
+
+#[test]
+fn a_per_input_handler_chooses_its_retry_delay_and_its_stderr_is_logged() {
+    let db = shop(1, &[]);
+    let script = r#"echo 'the warehouse is closed' >&2; echo '{"retry_after":"2h"}'; exit 75"#;
+    let out = db.run(&["work", "ship", "--once", "--", "sh", "-c", script]);
+    let err = stderr(&out);
+    assert_eq!(code(&out), 0, "{err}");
+    // The handler's delay (2 h), not the queue's backoff (1 s at the first failure).
+    assert!(
+        err.contains("retry in 1h 59m") || err.contains("retry in 2h"),
+        "{err}"
+    );
+    let short = &orders(1, None)[1].hash().to_string()[..12];
+    assert!(
+        err.contains(&format!("{short} stderr: the warehouse is closed")),
+        "{err}"
+    );
+    // Not ready again within the hour.
+    let out = db.run(&[
+        "work",
+        "ship",
+        "--once",
+        "--",
+        "sh",
+        "-c",
+        common::queue::EFFECT,
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stats(&db.path)["completed"], 0);
 }

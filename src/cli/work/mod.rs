@@ -257,14 +257,28 @@ fn handle(
 ) -> anyhow::Result<Outcome> {
     let hash = lease.input.hash();
     let short = &hash.to_string()[..12];
-    let (status, stdout, stderr, lease) = run_command(store, sh, lease, waiting)?;
-    let last_err = String::from_utf8_lossy(&stderr)
+    let Ran {
+        status,
+        stdout,
+        stderr,
+        lease,
+        timed_out,
+    } = run_command(store, sh, lease, waiting)?;
+    // The handler's stderr, kept in the log with the input it was about.
+    let stderr = String::from_utf8_lossy(&stderr);
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        eprintln!("{short} stderr: {line}");
+    }
+    let last_err = stderr
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
         .unwrap_or("")
         .trim()
         .to_string();
+    if let Some(limit) = timed_out {
+        return failed(store, sh, &lease, self::timed_out(limit));
+    }
     let failure = match status.code() {
         Some(0) => match complete(store, &sh.spec, &lease, &stdout) {
             Ok(n) => return Ok(format!("{short} done ({n} facts)")),
@@ -276,7 +290,18 @@ fn handle(
             Err(CompleteError::Store(e)) => return Err(e.into()),
             Err(CompleteError::Output(reason)) => Failure::Transient(reason),
         },
-        Some(75) => Failure::Transient(with_stderr("exit 75 (retry later)", &last_err)),
+        Some(75) => {
+            let reason = with_stderr("exit 75 (retry later)", &last_err);
+            return match protocol::retry_after_line(&stdout) {
+                Ok(after) => failed_after(store, sh, &lease, Failure::Transient(reason), after),
+                Err(bad) => failed(
+                    store,
+                    sh,
+                    &lease,
+                    Failure::Transient(format!("{reason}; {bad}")),
+                ),
+            };
+        }
         Some(65) => Failure::Poison(with_stderr("exit 65 (poison)", &last_err)),
         Some(c) => Failure::Transient(with_stderr(&format!("exit {c}"), &last_err)),
         None => Failure::Transient(with_stderr(
@@ -384,11 +409,13 @@ fn command(sh: &Shared) -> Command {
     cmd
 }
 
-/// Kills the process group of `child` (started by [`command`], so its own group).
-fn kill_group(child: &std::process::Child) {
-    // SAFETY: kill(2) on the group of a child we started and have not reaped.
+/// Kills the process group led by `pid` (a child started by [`command`], so in a group
+/// of its own, not reaped yet).
+fn kill_group(pid: u32) {
+    // SAFETY: kill(2) has no memory effects; the group is that of a child of ours that
+    // has not been reaped, so its id is not reused.
     unsafe {
-        libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+        libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
     }
 }
 
@@ -409,11 +436,20 @@ fn with_stderr(head: &str, last: &str) -> String {
     }
 }
 
-/// The command's exit status, stdout and stderr, and the lease as last extended.
-type Ran = (ExitStatus, Vec<u8>, Vec<u8>, Lease);
+/// How a command for one input ended.
+struct Ran {
+    status: ExitStatus,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    /// The lease as last extended.
+    lease: Lease,
+    /// `--timeout`, if the command ran past it and its process group was killed.
+    timed_out: Option<Duration>,
+}
 
 /// Starts the command with the input on stdin and waits for it, extending this job's
-/// leases every third of the lease duration meanwhile.
+/// leases every third of the lease duration meanwhile, and killing its process group if
+/// it runs past `--timeout`.
 fn run_command(
     store: &Store,
     sh: &Shared,
@@ -439,6 +475,7 @@ fn run_command(
             ));
         }
     };
+    let pid = child.id();
     let mut input = json::to_json(&lease.input).to_string();
     input.push('\n');
     let mut stdin = child.stdin.take().expect("piped");
@@ -461,13 +498,33 @@ fn run_command(
         let _ = tx.send(child.wait().map(|s| (s, out, err)));
     });
     let beat = Duration::from_millis((sh.spec.lease_ms / 3).max(1) as u64);
+    let limit = sh
+        .args
+        .timeout
+        .map(|t| Duration::from_millis(t.max(1) as u64));
+    let tick = match limit {
+        Some(_) => beat.min(Duration::from_millis(20)),
+        None => beat,
+    };
+    let started = Instant::now();
+    let mut beaten = Instant::now();
+    let mut timed_out = None;
     let done = loop {
-        match rx.recv_timeout(beat) {
+        match rx.recv_timeout(tick) {
             Ok(r) => break r.context("waiting for the command")?,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                lease = extend(store, lease)?;
-                for w in waiting.iter_mut() {
-                    *w = extend(store, w.clone())?;
+                if let Some(limit) =
+                    limit.filter(|l| timed_out.is_none() && started.elapsed() >= *l)
+                {
+                    kill_group(pid);
+                    timed_out = Some(limit);
+                }
+                if beaten.elapsed() >= beat {
+                    beaten = Instant::now();
+                    lease = extend(store, lease)?;
+                    for w in waiting.iter_mut() {
+                        *w = extend(store, w.clone())?;
+                    }
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -476,7 +533,13 @@ fn run_command(
         }
     };
     let _ = writer.join();
-    Ok((done.0, done.1, done.2, lease))
+    Ok(Ran {
+        status: done.0,
+        stdout: done.1,
+        stderr: done.2,
+        lease,
+        timed_out,
+    })
 }
 
 /// Extends a lease; a lost one is kept as it is (completing it will be refused), and so

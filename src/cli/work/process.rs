@@ -110,7 +110,7 @@ impl Handler {
 
     /// Kills its whole process group and reaps it; says how it ended.
     fn kill(&mut self) -> String {
-        super::kill_group(&self.child);
+        super::kill_group(self.child.id());
         self.reap()
     }
 
