@@ -42,6 +42,9 @@ struct Handler {
     /// Dropped to close its stdin.
     stdin: Option<Sender<String>>,
     lines: Receiver<Line>,
+    /// How it ended, once reaped: its pid (and so its group's id) may then be reused,
+    /// and nothing may be sent a signal through it.
+    ended: Option<String>,
 }
 
 impl Handler {
@@ -98,6 +101,7 @@ impl Handler {
             child,
             stdin: Some(to_stdin),
             lines,
+            ended: None,
         })
     }
 
@@ -110,17 +114,24 @@ impl Handler {
 
     /// Kills its whole process group and reaps it; says how it ended.
     fn kill(&mut self) -> String {
-        super::kill_group(self.child.id());
+        if self.ended.is_none() {
+            super::kill_group(self.child.id());
+        }
         self.reap()
     }
 
     /// Waits for it to exit; says how it ended.
     fn reap(&mut self) -> String {
         self.stdin = None;
-        match self.child.wait() {
+        if let Some(how) = &self.ended {
+            return how.clone();
+        }
+        let how = match self.child.wait() {
             Ok(s) => super::describe_status(s),
             Err(e) => format!("lost track of it: {e}"),
-        }
+        };
+        self.ended = Some(how.clone());
+        how
     }
 
     /// Closes its stdin (the end of the protocol) and waits up to `grace` for it to exit,
@@ -128,11 +139,15 @@ impl Handler {
     fn close(&mut self, grace: Duration) {
         self.stdin = None;
         let until = Instant::now() + grace;
-        while Instant::now() < until {
-            if let Ok(Some(_)) = self.child.try_wait() {
+        while self.ended.is_none() && Instant::now() < until {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                self.ended = Some(super::describe_status(s));
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
+        }
+        if self.ended.is_some() {
+            return;
         }
         eprintln!(
             "warning: handler {} did not exit within {} s of its stdin closing; killing it",
