@@ -257,9 +257,7 @@ fn handle(
             &last_err,
         )),
     };
-    let what = match &failure {
-        Failure::Transient(r) | Failure::Permanent(r) | Failure::Poison(r) => r.clone(),
-    };
+    let what = failure.reason().to_string();
     Ok(match store.fail(&lease, failure) {
         Ok(FailOutcome::Retry { at_ms }) => {
             let now = precedent::clock::Clock::now_ms(&precedent::clock::SystemClock);
