@@ -348,7 +348,9 @@ impl QueueSpec {
 pub enum ItemState {
     /// Can be claimed now (or after its backoff: see [`ItemInfo::available_at_ms`]).
     Ready,
-    /// Claimed under a lease.
+    /// Claimed under a live lease. An input whose lease expired is shown as
+    /// [`ItemState::Ready`] (by [`crate::Store::queue_items`], [`crate::Store::queue_item`]
+    /// and [`QueueStats::ready`] alike): a claim takes it again.
     Leased,
     /// Waiting for an unfinished ancestor input of the same queue.
     Blocked,
