@@ -363,7 +363,7 @@ fn permanent_failures_go_to_the_dlq_and_check_alerts_until_discarded() {
 fn prometheus_output_is_well_formed() {
     let db = Db::initialised();
     db.import(&orders(3, true));
-    declare(&db, &[]);
+    declare(&db, &["--alert-depth", "2"]);
     db.ok(&[
         "queue",
         "add",
@@ -396,13 +396,35 @@ fn prometheus_output_is_well_formed() {
         names.insert(name.to_string());
         samples += 1;
     }
-    assert_eq!(samples, 18, "9 metrics for 2 queues:\n{text}");
+    // 15 metrics for 2 queues, and the depth alert of the one that has it.
+    assert_eq!(
+        samples, 31,
+        "15 metrics for 2 queues and one threshold:\n{text}"
+    );
+    assert!(
+        text.contains("precedent_queue_depth{queue=\"ship\"} 3\n")
+            && text.contains("precedent_queue_depth_alert{queue=\"ship\"} 2\n"),
+        "{text}"
+    );
+    let check = db.run(&["queue", "check", "ship"]);
+    assert_eq!(code(&check), 1);
+    assert!(
+        stdout(&check).contains("queue ship: depth is 3, over the threshold of 2"),
+        "{}",
+        stdout(&check)
+    );
     for n in [
         "ready",
         "blocked",
         "dead",
         "oldest_ready_seconds",
         "completed_total",
+        "dropped_total",
+        "failures_total",
+        "retries_total",
+        "redeliveries_total",
+        "timeouts_total",
+        "depth",
     ] {
         assert!(names.contains(&format!("precedent_queue_{n}")), "{n}");
     }
@@ -546,4 +568,77 @@ fn a_command_that_cannot_start_stops_the_worker_and_gives_the_input_back() {
     assert_eq!(s["leased"], 0);
     let items = db.ok(&["queue", "items", "ship"]);
     assert!(items.contains("attempts 0"), "not counted: {items}");
+}
+
+#[test]
+fn dlq_show_prints_times_as_rfc3339() {
+    let db = Db::initialised();
+    let facts = orders(1, false);
+    db.import(&facts);
+    declare(&db, &["--max-attempts", "1"]);
+    let out = work_once(&db, "exit 1");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = db.ok(&["dlq", "show", "ship", &facts[1].hash().to_string()]);
+    for label in ["first attempt", "entered at"] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no {label} line:\n{text}"));
+        let at = line.split('\t').nth(1).unwrap_or("");
+        // 2026-12-01T11:28:28Z, not 1796124508000.
+        assert!(
+            at.len() == 20 && at.as_bytes()[10] == b'T' && at.ends_with('Z'),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn queue_add_from_now_and_the_control_options() {
+    let db = Db::initialised();
+    db.import(&orders(2, false));
+    declare(
+        &db,
+        &[
+            "--from-now",
+            "--priority",
+            "rank",
+            "--not-before",
+            "at",
+            "--max-leased",
+            "4",
+            "--rate",
+            "20/s",
+        ],
+    );
+    let stats = db.queue_stats("ship");
+    assert_eq!(stats["depth"], 0, "nothing back-filled: {stats}");
+    let shown = db.json(&["queue", "show", "ship"]);
+    let q = &shown["queue"];
+    assert_eq!(q["priority_field"], "rank");
+    assert_eq!(q["not_before_field"], "at");
+    assert_eq!(q["max_leased"], 4);
+    assert_eq!(q["rate"]["count"], 20);
+    assert_eq!(q["rate"]["per_ms"], 1000);
+    // Stored from now on: an input.
+    let later = Fact::builder("Shop.Order").field("id", 99).build().unwrap();
+    db.import(&[later]);
+    assert_eq!(db.queue_stats("ship")["ready"], 1);
+    let out = db.run(&[
+        "queue",
+        "add",
+        "bad",
+        "--input",
+        "X",
+        "--done-by",
+        "Y.x",
+        "--rate",
+        "fast",
+    ]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("bad rate \"fast\""),
+        "{}",
+        stderr(&out)
+    );
 }

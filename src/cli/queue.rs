@@ -8,7 +8,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use precedent::json::JsonValue;
 use precedent::queue::{
     Alerts, Completion, FieldKind, FieldRequirement, ItemInfo, ItemState, Ordering, QueueSpec,
-    QueueStats, RetryPolicy, Semantics,
+    QueueStats, RateLimit, RetryPolicy, Semantics,
 };
 use precedent::{FactHash, Store, json};
 use serde_json::{Value as Json, json};
@@ -110,6 +110,26 @@ pub struct AddArgs {
     /// Alert when the oldest ready input has waited longer than this (default 5m).
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub alert_ready_age: Option<i64>,
+    /// Alert when more than N inputs wait (ready, delayed, leased or blocked); default none.
+    #[arg(long, value_name = "N")]
+    pub alert_depth: Option<u64>,
+    /// An integer field of the input: higher is handed out first (within causal order).
+    #[arg(long, value_name = "FIELD")]
+    pub priority: Option<String>,
+    /// A field of the input holding a time (RFC 3339 text or integer ms since the epoch)
+    /// before which the input is not handed out.
+    #[arg(long, value_name = "FIELD")]
+    pub not_before: Option<String>,
+    /// Most live leases on this queue at once, across all workers and processes.
+    #[arg(long, value_name = "N")]
+    pub max_leased: Option<u64>,
+    /// Most inputs handed out per period across all workers: N/s, N/m, N/h or N/MS.
+    #[arg(long, value_name = "N/PERIOD")]
+    pub rate: Option<RateLimit>,
+    /// Do not back-fill: only facts stored from now on are inputs (in release order; an
+    /// older fact that arrives later by sync or import is one).
+    #[arg(long)]
+    pub from_now: bool,
 }
 
 /// `precedent dlq ...` (and, with the poison state, `precedent poison queue ...`).
@@ -277,8 +297,17 @@ fn add(g: &Global, a: AddArgs) -> anyhow::Result<Status> {
         max_dead: a.alert_dead.unwrap_or(d.max_dead),
         max_poison: a.alert_poison.unwrap_or(d.max_poison),
         max_ready_age_ms: a.alert_ready_age.unwrap_or(d.max_ready_age_ms),
+        max_depth: a.alert_depth,
     };
-    store.declare_queue(&spec)?;
+    spec.priority_field = a.priority;
+    spec.not_before_field = a.not_before;
+    spec.max_leased = a.max_leased;
+    spec.rate = a.rate;
+    if a.from_now {
+        store.declare_queue_from_now(&spec)?;
+    } else {
+        store.declare_queue(&spec)?;
+    }
     let stats = store.queue_stats(&spec.name)?;
     if g.json {
         say!("{}", json!({"queue": spec, "stats": stats}));
@@ -359,7 +388,7 @@ fn show(g: &Global, name: &str) -> anyhow::Result<Status> {
 
 fn print_stats(s: &QueueStats) -> anyhow::Result<()> {
     say!(
-        "{}: ready {}, leased {}, delayed {}, blocked {}, dead {}, poison {}, completed {}, discarded {}; oldest ready {}; last 5 min: {} completed, {} failed",
+        "{}: ready {}, leased {}, delayed {}, blocked {}, dead {}, poison {}, completed {}, discarded {}, dropped {}; failed {}, retried {}, redelivered {}, timed out {}; oldest ready {}; last 5 min: {} completed, {} failed",
         s.queue,
         s.ready,
         s.leased,
@@ -369,10 +398,18 @@ fn print_stats(s: &QueueStats) -> anyhow::Result<()> {
         s.poison,
         s.completed,
         s.discarded,
+        s.dropped,
+        s.failed,
+        s.retried,
+        s.redelivered,
+        s.timed_out,
         super::time::format_duration_ms(s.oldest_ready_ms),
         s.completed_5m,
         s.failed_5m
     );
+    if let Some(max) = s.depth_alert {
+        say!("{}: depth {} (alert over {max})", s.queue, s.depth);
+    }
     Ok(())
 }
 
@@ -416,7 +453,7 @@ fn label(value: &str) -> String {
 /// The metrics of `all` in the Prometheus text exposition format.
 pub fn prometheus_text(all: &[QueueStats]) -> String {
     type Get = fn(&QueueStats) -> f64;
-    let metrics: [(&str, &str, &str, Get); 9] = [
+    let metrics: [(&str, &str, &str, Get); 15] = [
         ("ready", "gauge", "Inputs claimable now.", |s| {
             s.ready as f64
         }),
@@ -455,6 +492,42 @@ pub fn prometheus_text(all: &[QueueStats]) -> String {
             "Inputs discarded since the queue was declared.",
             |s| s.discarded as f64,
         ),
+        (
+            "dropped_total",
+            "counter",
+            "At-most-once inputs lost to a failed handler since the queue was declared.",
+            |s| s.dropped as f64,
+        ),
+        (
+            "failures_total",
+            "counter",
+            "Failed attempts of every kind since the queue was declared.",
+            |s| s.failed as f64,
+        ),
+        (
+            "retries_total",
+            "counter",
+            "Failures given another attempt since the queue was declared.",
+            |s| s.retried as f64,
+        ),
+        (
+            "redeliveries_total",
+            "counter",
+            "Claims of an input whose earlier lease expired since the queue was declared.",
+            |s| s.redelivered as f64,
+        ),
+        (
+            "timeouts_total",
+            "counter",
+            "Attempts that timed out since the queue was declared.",
+            |s| s.timed_out as f64,
+        ),
+        (
+            "depth",
+            "gauge",
+            "Inputs waiting: ready, delayed, leased or blocked.",
+            |s| s.depth as f64,
+        ),
     ];
     let mut out = String::new();
     for (name, kind, help, get) in metrics {
@@ -466,6 +539,22 @@ pub fn prometheus_text(all: &[QueueStats]) -> String {
                 "precedent_queue_{name}{{queue=\"{}\"}} {}\n",
                 label(&s.queue),
                 get(s)
+            ));
+        }
+    }
+    // Only the queues with a depth alert have a threshold to show.
+    let alerted: Vec<(&QueueStats, u64)> = all
+        .iter()
+        .filter_map(|s| s.depth_alert.map(|d| (s, d)))
+        .collect();
+    if !alerted.is_empty() {
+        out.push_str(
+            "# HELP precedent_queue_depth_alert Depth over which `queue check` alerts.\n# TYPE precedent_queue_depth_alert gauge\n",
+        );
+        for (s, d) in alerted {
+            out.push_str(&format!(
+                "precedent_queue_depth_alert{{queue=\"{}\"}} {d}\n",
+                label(&s.queue)
             ));
         }
     }
@@ -647,8 +736,25 @@ fn show_entry(g: &Global, store: &Store, info: &ItemInfo) -> anyhow::Result<()> 
     ]);
     if g.json {
         say!("{out}");
-    } else {
-        say!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    // People read times, not epoch milliseconds.
+    let at = |ms: Option<i64>| ms.map_or_else(|| "-".to_string(), super::time::format_ms);
+    let entry_ms = entry_at.and_then(|v| match v {
+        precedent::Value::Integer(n) => i64::try_from(*n).ok(),
+        _ => None,
+    });
+    say!("input\t{}", info.input);
+    if let Some(e) = &info.entry {
+        say!("entry\t{e}");
+    }
+    say!("attempts\t{}", info.attempts);
+    say!("reason\t{}", info.last_error.as_deref().unwrap_or(""));
+    say!("first attempt\t{}", at(info.first_attempt_at_ms));
+    say!("entered at\t{}", at(entry_ms));
+    say!("input fact\t{}", json::to_json(&input).to_string());
+    if let Some(e) = &entry {
+        say!("entry fact\t{}", json::to_json(e));
     }
     Ok(())
 }

@@ -70,13 +70,13 @@ impl ReleaseHook for QueueIndex {
 
     fn savepoint_opened(&self, state: &mut TxState) {
         let qtx = state.get::<QueueTx>();
-        let mark = (qtx.rates.len(), qtx.ended.len());
+        let mark = (qtx.rates.len(), qtx.ended.len(), qtx.counts.len());
         qtx.savepoints.push(mark);
     }
 
     fn savepoint_closed(&self, state: &mut TxState, rolled_back: bool) {
         let qtx = state.get::<QueueTx>();
-        let Some((rates, ended)) = qtx.savepoints.pop() else {
+        let Some((rates, ended, counts)) = qtx.savepoints.pop() else {
             return;
         };
         if rolled_back {
@@ -84,6 +84,7 @@ impl ReleaseHook for QueueIndex {
             // and the declarations it may have read are read again.
             qtx.rates.truncate(rates);
             qtx.ended.truncate(ended);
+            qtx.counts.truncate(counts);
             qtx.defs = None;
             qtx.has_blocks.clear();
         }
@@ -110,8 +111,10 @@ pub(crate) struct QueueTx {
     /// The inputs ended in this transaction, as (queue id, seq), in order: whether a
     /// handler completed its input is read here rather than from the database.
     pub(crate) ended: Vec<(i64, i64)>,
-    /// The lengths of `rates` and `ended` at each open savepoint.
-    savepoints: Vec<(usize, usize)>,
+    /// Events to add to the queue's counters at commit (see [`Count`]).
+    pub(crate) counts: Vec<(i64, Count)>,
+    /// The lengths of `rates`, `ended` and `counts` at each open savepoint.
+    savepoints: Vec<(usize, usize, usize)>,
     /// Whether each queue looked at has causal blocks in this transaction (`true`, or not
     /// known to have none) or none (`false`): an input of a queue with none ends without
     /// looking for the inputs it blocks. Forgotten when a savepoint rolls back, which may
@@ -329,7 +332,9 @@ impl Ix<'_> {
                         " ELSE ",
                         state_code!(Ready),
                         " END,
-                             claimable_at = CASE WHEN blockers > 0 THEN NULL ELSE CAST(?4 AS BIGINT) END,
+                             claimable_at = CASE WHEN blockers > 0 THEN NULL
+                                 WHEN not_before > CAST(?4 AS BIGINT) THEN not_before
+                                 ELSE CAST(?4 AS BIGINT) END,
                              attempts = 0, first_attempt_at = NULL, lease_token = NULL,
                              last_error = NULL, entry = NULL
                          WHERE queue_id = ?1 AND input = ?2 AND entry = ?3 AND state IN (",
@@ -340,6 +345,22 @@ impl Ix<'_> {
                     ),
                     args![q.id, input_seq, entry_seq, now],
                 )?;
+                // A redriven input is judged again: one that still fails the queue's
+                // field requirements goes back to poison, never to a handler. The new
+                // entry names the redrive, so it differs from the first one.
+                let Some(input_fact) = self.fact_by_hash(&input)? else {
+                    return Ok(());
+                };
+                if let Some(reason) = q.spec.poison_reason(&input_fact) {
+                    let poison = Fact::builder(system::POISON)
+                        .field("queue", q.spec.name.as_str())
+                        .field("reason", reason)
+                        .field("at", now)
+                        .predecessor(system::INPUT_ROLE, input)
+                        .predecessor("redrive", fact.hash())
+                        .build()?;
+                    self.later.push(poison);
+                }
             }
             system::DISCARD => {
                 if let Some(input) = one_pred(fact, system::INPUT_ROLE) {
@@ -348,7 +369,7 @@ impl Ix<'_> {
             }
             system::DELIVERED => {
                 if let Some(input) = one_pred(fact, system::INPUT_ROLE) {
-                    self.end_input(q, &input, End::Completed)?;
+                    self.end_input(q, &input, End::Delivered)?;
                 }
             }
             _ => {}
@@ -368,16 +389,40 @@ impl Ix<'_> {
             Ordering::None => Vec::new(),
         };
         let now = self.now;
+        // A field that does not parse makes the input poison below; until then it has
+        // no priority and no schedule.
+        let priority = q.spec.priority_of(fact).unwrap_or(0);
+        let not_before = q.spec.not_before_of(fact).unwrap_or(None);
         let (state, claimable) = if blockers.is_empty() {
-            (ItemState::Ready, Some(now))
+            (
+                ItemState::Ready,
+                Some(not_before.map_or(now, |t| t.max(now))),
+            )
         } else {
             (ItemState::Blocked, None)
         };
-        let added = self.tx.execute(
-            "INSERT INTO queue_item (queue_id, input, state, claimable_at, blockers)
-                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
-            args![q.id, seq, state.code(), claimable, blockers.len() as i64],
-        )?;
+        let added = if q.spec.priority_field.is_none() && q.spec.not_before_field.is_none() {
+            self.tx.execute(
+                "INSERT INTO queue_item (queue_id, input, state, claimable_at, blockers)
+                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                args![q.id, seq, state.code(), claimable, blockers.len() as i64],
+            )?
+        } else {
+            self.tx.execute(
+                "INSERT INTO queue_item (queue_id, input, state, claimable_at, blockers,
+                                         priority, not_before)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO NOTHING",
+                args![
+                    q.id,
+                    seq,
+                    state.code(),
+                    claimable,
+                    blockers.len() as i64,
+                    priority,
+                    not_before
+                ],
+            )?
+        };
         if added == 0 {
             return Ok(());
         }
@@ -390,7 +435,7 @@ impl Ix<'_> {
                 args![q.id, b, seq],
             )?;
         }
-        if let Some(reason) = q.spec.unmet_requirement(fact) {
+        if let Some(reason) = q.spec.poison_reason(fact) {
             let poison = Fact::builder(system::POISON)
                 .field("queue", q.spec.name.as_str())
                 .field("reason", reason)
@@ -525,7 +570,8 @@ impl Ix<'_> {
                     " ELSE state END,
                          claimable_at = CASE WHEN blockers = 1 AND state = ",
                     state_code!(Blocked),
-                    " THEN ?3 ELSE claimable_at END
+                    " THEN (CASE WHEN not_before > CAST(?3 AS BIGINT) THEN not_before
+                                  ELSE CAST(?3 AS BIGINT) END) ELSE claimable_at END
                      WHERE queue_id = ?1 AND input = ?2"
                 ),
                 args![q.id, blocked, now],
@@ -573,6 +619,8 @@ impl Ix<'_> {
                     args![q.id],
                 )?;
             }
+            // Counted when the handler's completion or failure is known.
+            End::Delivered => {}
         }
         Ok(())
     }
@@ -594,9 +642,52 @@ pub(crate) fn bump_rate(state: &mut TxState, now: i64, queue_id: i64, what: &str
         .push((queue_id, minute, completed, 1 - completed));
 }
 
-/// Writes the rate counts gathered in this transaction, adds its completions to each
-/// queue's counter, and drops buckets older than an hour.
+/// An event a queue counts since its declaration (a column of `queue`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Count {
+    /// An at-most-once input whose handler failed.
+    Dropped,
+    /// A failed attempt, of any kind.
+    Failed,
+    /// A transient failure or timeout given another attempt.
+    Retried,
+    /// A claim of an input whose earlier lease expired.
+    Redelivered,
+    /// An attempt that timed out.
+    TimedOut,
+}
+
+impl Count {
+    /// The statement that adds to this counter: static text, prepared once.
+    fn sql(self) -> &'static str {
+        match self {
+            Count::Dropped => "UPDATE queue SET dropped = dropped + ?2 WHERE id = ?1",
+            Count::Failed => "UPDATE queue SET failed = failed + ?2 WHERE id = ?1",
+            Count::Retried => "UPDATE queue SET retried = retried + ?2 WHERE id = ?1",
+            Count::Redelivered => "UPDATE queue SET redelivered = redelivered + ?2 WHERE id = ?1",
+            Count::TimedOut => "UPDATE queue SET timed_out = timed_out + ?2 WHERE id = ?1",
+        }
+    }
+}
+
+/// Counts `what` for queue `queue_id`, written once at commit ([`flush_rates`]).
+pub(crate) fn count(state: &mut TxState, queue_id: i64, what: Count) {
+    state.get::<QueueTx>().counts.push((queue_id, what));
+}
+
+/// Writes the rate counts gathered in this transaction, adds its completions and other
+/// events to each queue's counters, and drops buckets older than an hour.
 fn flush_rates(tx: &dyn ReadTx, state: &mut TxState) -> Result<()> {
+    let counts = std::mem::take(&mut state.get::<QueueTx>().counts);
+    if !counts.is_empty() {
+        let mut sums: std::collections::BTreeMap<(i64, Count), i64> = Default::default();
+        for c in counts {
+            *sums.entry(c).or_default() += 1;
+        }
+        for ((q, what), n) in sums {
+            tx.execute(what.sql(), args![q, n])?;
+        }
+    }
     let rates = std::mem::take(&mut state.get::<QueueTx>().rates);
     if rates.is_empty() {
         return Ok(());
@@ -638,4 +729,6 @@ fn flush_rates(tx: &dyn ReadTx, state: &mut TxState) -> Result<()> {
 pub(crate) enum End {
     Completed,
     Discarded,
+    /// An at-most-once input handed out: its handler's outcome is counted later.
+    Delivered,
 }

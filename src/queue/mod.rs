@@ -15,10 +15,12 @@
 //! so their history is auditable, syncs to other nodes, and never changes.
 
 mod batch;
+mod controls;
 mod index;
 mod typed;
 mod work;
 
+pub use controls::{RateLimit, parse_rfc3339_ms};
 pub use typed::{QueueHandle, TypedLease};
 
 use serde::{Deserialize, Serialize};
@@ -117,6 +119,10 @@ pub struct Alerts {
     pub max_poison: u64,
     /// Alert when the oldest ready input has waited longer than this, in ms. Default 5 min.
     pub max_ready_age_ms: i64,
+    /// Alert when more than this many inputs wait (ready, delayed, leased or blocked).
+    /// Default: no depth alert.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_depth: Option<u64>,
 }
 
 impl Default for Alerts {
@@ -125,6 +131,7 @@ impl Default for Alerts {
             max_dead: 0,
             max_poison: 0,
             max_ready_age_ms: 5 * 60 * 1000,
+            max_depth: None,
         }
     }
 }
@@ -213,6 +220,24 @@ pub struct QueueSpec {
     /// Alert thresholds.
     #[serde(default)]
     pub alerts: Alerts,
+    /// An integer field of the input: higher is handed out first among the inputs
+    /// claimable at once (causal ordering still holds). Missing: priority 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_field: Option<String>,
+    /// A field of the input holding a time (RFC 3339 text or integer ms since the epoch)
+    /// before which it is not handed out. Missing: no schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before_field: Option<String>,
+    /// Most live leases on this queue at once, across every worker and process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_leased: Option<u64>,
+    /// Most inputs handed out per period, across every worker and process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateLimit>,
+    /// Only facts released after this release sequence number are inputs: set by
+    /// [`crate::Store::declare_queue_from_now`] to the last one released then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_seq: Option<i64>,
 }
 
 fn default_lease_ms() -> i64 {
@@ -235,6 +260,11 @@ impl QueueSpec {
             ordering: Ordering::default(),
             required_fields: Vec::new(),
             alerts: Alerts::default(),
+            priority_field: None,
+            not_before_field: None,
+            max_leased: None,
+            rate: None,
+            after_seq: None,
         }
     }
 
@@ -271,6 +301,12 @@ impl QueueSpec {
             return Err(
                 "retry policy needs max_attempts >= 1, max_age > 0 and 0 <= base <= cap".into(),
             );
+        }
+        if self.max_leased == Some(0) {
+            return Err("max leased must be at least 1".into());
+        }
+        if self.rate.is_some_and(|r| r.count == 0 || r.per_ms <= 0) {
+            return Err("a rate limit needs at least 1 per a positive period".into());
         }
         Ok(())
     }
@@ -312,7 +348,9 @@ impl QueueSpec {
 pub enum ItemState {
     /// Can be claimed now (or after its backoff: see [`ItemInfo::available_at_ms`]).
     Ready,
-    /// Claimed under a lease.
+    /// Claimed under a live lease. An input whose lease expired is shown as
+    /// [`ItemState::Ready`] (by [`crate::Store::queue_items`], [`crate::Store::queue_item`]
+    /// and [`QueueStats::ready`] alike): a claim takes it again.
     Leased,
     /// Waiting for an unfinished ancestor input of the same queue.
     Blocked,
@@ -458,6 +496,22 @@ pub enum Failure {
     Permanent(String),
     /// The input itself is bad: poison, never retried until redriven.
     Poison(String),
+    /// The handler ran past its time limit: retried as a transient failure, and counted
+    /// as a timeout.
+    TimedOut {
+        /// What ran out, e.g. `timed out after 30s`.
+        reason: String,
+    },
+}
+
+impl Failure {
+    /// The reason given, whatever the kind.
+    pub fn reason(&self) -> &str {
+        match self {
+            Failure::Transient(r) | Failure::Permanent(r) | Failure::Poison(r) => r,
+            Failure::TimedOut { reason } => reason,
+        }
+    }
 }
 
 /// What [`crate::Store::fail`] did.
@@ -481,11 +535,11 @@ pub enum FailOutcome {
 pub struct QueueStats {
     /// The queue's name.
     pub queue: String,
-    /// Claimable now (expired leases included).
+    /// Claimable now (expired leases included, as [`crate::Store::queue_items`] shows them).
     pub ready: u64,
     /// Claimed under a live lease.
     pub leased: u64,
-    /// Backing off after a failure.
+    /// Not claimable yet: backing off after a failure, or scheduled for later.
     pub delayed: u64,
     /// Waiting for an unfinished ancestor input.
     pub blocked: u64,
@@ -497,6 +551,21 @@ pub struct QueueStats {
     pub completed: u64,
     /// Discarded since the queue was declared.
     pub discarded: u64,
+    /// At-most-once inputs whose handler failed after delivery, since the queue was
+    /// declared: lost, and not counted as completed.
+    pub dropped: u64,
+    /// Failed attempts (every kind) since the queue was declared.
+    pub failed: u64,
+    /// Transient failures and timeouts given another attempt since the queue was declared.
+    pub retried: u64,
+    /// Claims of an input whose earlier lease had expired, since the queue was declared.
+    pub redelivered: u64,
+    /// Attempts that timed out ([`Failure::TimedOut`]) since the queue was declared.
+    pub timed_out: u64,
+    /// Inputs waiting: ready, delayed, leased and blocked.
+    pub depth: u64,
+    /// The depth alert threshold ([`Alerts::max_depth`]), if set.
+    pub depth_alert: Option<u64>,
     /// Age of the oldest claimable input in ms (0 when none).
     pub oldest_ready_ms: i64,
     /// Completions in the last 5 minutes.
@@ -510,7 +579,7 @@ pub struct QueueStats {
 pub struct Breach {
     /// The queue.
     pub queue: String,
-    /// Which alert: `dead`, `poison` or `ready-age`.
+    /// Which alert: `dead`, `poison`, `ready-age` or `depth`.
     pub alert: &'static str,
     /// The measured value.
     pub value: i64,

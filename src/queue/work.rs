@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 
-use super::index::{Ix, QueueCache, QueueDef, QueueDefs, QueueTx, defs_for, load_defs, uncheck};
+use super::controls::{allowance, charge};
+use super::index::{
+    Count, Ix, QueueCache, QueueDef, QueueDefs, QueueTx, count, defs_for, load_defs, uncheck,
+};
 use crate::args;
 use crate::error::{Error, Result};
 use crate::fact::Fact;
@@ -12,7 +15,7 @@ use crate::queue::{
     Breach, FailOutcome, Failure, ItemInfo, ItemState, Lease, QueueSpec, QueueStats, Semantics,
     state_code, system,
 };
-use crate::store::{Dialect, ReadTx, SqlExt, Store, Writer};
+use crate::store::{Dialect, HeldHere, ReadTx, SqlExt, Store, Writer};
 
 pub(super) fn unknown(name: &str) -> Error {
     Error::UnknownQueue {
@@ -20,9 +23,32 @@ pub(super) fn unknown(name: &str) -> Error {
     }
 }
 
-/// A claimable item as a claim reads it: its input's seq, state, attempts, first attempt
-/// and, when the input is released, its hash and canonical bytes.
-type ClaimRow = (i64, i64, i64, Option<i64>, Option<(FactHash, Vec<u8>)>);
+/// A claimable item as a claim reads it: its input's seq, state, attempts, first attempt,
+/// claimable time (for an expired lease: when it expired) and, when the input is
+/// released, its hash and canonical bytes.
+type ClaimRow = (i64, i64, i64, Option<i64>, i64, Option<(FactHash, Vec<u8>)>);
+
+/// The state an item row shows as of time `$now` (SQL text): an expired lease is ready,
+/// as a claim sees it and as [`QueueStats::ready`] counts it.
+macro_rules! shown_state {
+    ($t:literal, $now:literal) => {
+        concat!(
+            "(CASE WHEN ",
+            $t,
+            "state = ",
+            state_code!(Leased),
+            " AND ",
+            $t,
+            "claimable_at <= ",
+            $now,
+            " THEN ",
+            state_code!(Ready),
+            " ELSE ",
+            $t,
+            "state END)"
+        )
+    };
+}
 
 /// Runs `f` on the queue index in `w`'s transaction, then inserts the facts it asked for.
 pub(crate) fn with_index<T>(
@@ -142,22 +168,22 @@ impl Writer<'_> {
         let (defs, at) = self.queue(queue)?;
         let q = &defs.queues[at];
         let now = self.now_ms();
+        let (n, window) = allowance(self, &q.spec, q.id, n, now)?;
         let mut leases = Vec::new();
         let completion = Arc::new(q.spec.completions[0].clone());
+        let sql = claim_sql(self.sql().dialect(), q.spec.priority_field.is_some());
         while leases.len() < n {
             // The input's bytes come with its item row: one statement per claim, not one
             // per claimed input.
-            let rows: Vec<ClaimRow> = self.sql().query_vec(
-                claim_sql(self.sql().dialect()),
-                args![q.id, now, (n - leases.len()) as i64],
-                |r| {
-                    let fact = match r.value(4)? {
-                        crate::store::ValueRef::Null => None,
-                        _ => Some((r.hash(4)?, r.get(5)?)),
-                    };
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, fact))
-                },
-            )?;
+            let rows: Vec<ClaimRow> =
+                self.sql()
+                    .query_vec(sql, args![q.id, now, (n - leases.len()) as i64], |r| {
+                        let fact = match r.value(4)? {
+                            crate::store::ValueRef::Null => None,
+                            _ => Some((r.hash(4)?, r.get(5)?)),
+                        };
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(6)?, fact))
+                    })?;
             if rows.is_empty() {
                 break;
             }
@@ -168,12 +194,17 @@ impl Writer<'_> {
             let together = self.sql().dialect() == Dialect::Postgres
                 && q.spec.semantics == Semantics::AtLeastOnce;
             let mut batch: Vec<(i64, i64)> = Vec::new();
-            for (seq, state, attempts, first, fact) in rows {
+            for (seq, state, attempts, first, claimable_at, fact) in rows {
                 let input = input_from(q, seq, fact)?;
+                let expired = state == ItemState::Leased.code();
                 let out_of_attempts = attempts >= q.spec.retry.max_attempts as i64;
-                let too_old = first.is_some_and(|f| now - f >= q.spec.retry.max_age_ms);
+                // The age budget is judged when a failure happens: a failure reported
+                // inside it was given its retry then, so a ready input is not judged
+                // again here. An expired lease failed when it expired.
+                let too_old =
+                    expired && first.is_some_and(|f| claimable_at - f >= q.spec.retry.max_age_ms);
                 if out_of_attempts || too_old {
-                    let why = if state == ItemState::Leased.code() {
+                    let why = if expired {
                         "lease expired"
                     } else {
                         "retry budget exhausted"
@@ -181,6 +212,9 @@ impl Writer<'_> {
                     let reason = format!("{why} after {attempts} attempts");
                     self.dead_letter(q, &input, &reason, attempts, first)?;
                     continue;
+                }
+                if expired {
+                    count(self.split().1, q.id, Count::Redelivered);
                 }
                 let token = rng(self, |r| r.i64(..));
                 let expires = now + q.spec.lease_ms;
@@ -231,6 +265,9 @@ impl Writer<'_> {
                     args![q.id, now, now + q.spec.lease_ms, &json(&inputs), &json(&tokens)],
                 )?;
             }
+        }
+        if let Some(start) = window.filter(|_| !leases.is_empty()) {
+            charge(self, q.id, start, leases.len())?;
         }
         Ok(leases)
     }
@@ -298,7 +335,12 @@ impl Writer<'_> {
         handler: impl FnOnce(&mut Writer<'_>) -> Result<T>,
     ) -> Result<T> {
         let ended_before = self.state::<QueueTx>().ended.len();
+        let held_before = {
+            let held = self.state::<HeldHere>();
+            (held.facts.len(), held.in_batches)
+        };
         let value = handler(self)?;
+        self.refuse_held(lease, held_before)?;
         // An item row goes only when its input ends, and the index notes every ending (a
         // rolled-back one is forgotten with its savepoint), so the handler completed the
         // input if it ended since the handler began. An at-most-once input ended when it
@@ -310,7 +352,45 @@ impl Writer<'_> {
                 input: lease.input.hash(),
             });
         }
+        if semantics == Semantics::AtMostOnce {
+            // Its delivery ended the input uncounted: the handler's success is counted
+            // here (and its failure as dropped, in `fail`).
+            let now = self.now_ms();
+            super::index::bump_rate(self.split().1, now, lease.queue_id, "completed");
+        }
         Ok(value)
+    }
+
+    /// Refuses a completion whose handler left an effect held (a fact naming a
+    /// predecessor that is not stored): it would be stored but invisible to every read
+    /// while the input counted as done. The caller rolls back what the handler wrote.
+    fn refuse_held(&mut self, lease: &Lease, (facts, in_batches): (usize, u64)) -> Result<()> {
+        let held = self.state::<HeldHere>();
+        let batched = held.in_batches - in_batches;
+        let singles: Vec<(FactHash, Option<FactHash>)> = held.facts[facts..].to_vec();
+        let refuse = |reason: String| Error::Queue {
+            queue: lease.queue.clone(),
+            reason: format!(
+                "completion of input {} refused, nothing of it stored: {reason}",
+                lease.input.hash()
+            ),
+        };
+        for (fact, missing) in singles {
+            // Released later in the same handler (a successor written before its
+            // predecessor) is fine.
+            if self.released_seq(&fact)?.is_none() {
+                let missing = missing.map_or_else(String::new, |m| format!(" {m}"));
+                return Err(refuse(format!(
+                    "effect {fact} names missing predecessor{missing}"
+                )));
+            }
+        }
+        if batched > 0 {
+            return Err(refuse(format!(
+                "{batched} effect(s) of a batch name missing predecessors"
+            )));
+        }
+        Ok(())
     }
 
     /// Fails a leased input (see [`Store::fail`]).
@@ -320,12 +400,25 @@ impl Writer<'_> {
     pub fn fail(&mut self, lease: &Lease, failure: &Failure) -> Result<FailOutcome> {
         let (defs, at) = self.queue(&lease.queue)?;
         let q = &defs.queues[at];
-        if q.spec.semantics == Semantics::AtMostOnce {
+        let now = self.now_ms();
+        let at_most_once = q.spec.semantics == Semantics::AtMostOnce;
+        // An at-most-once input ended when it was delivered: there is no lease to check.
+        if !at_most_once {
+            self.check_lease(lease)?;
+        }
+        let counts = [
+            Some(Count::Failed),
+            matches!(failure, Failure::TimedOut { .. }).then_some(Count::TimedOut),
+            at_most_once.then_some(Count::Dropped),
+        ];
+        let state = self.split().1;
+        super::index::bump_rate(state, now, q.id, "failed");
+        for c in counts.into_iter().flatten() {
+            count(state, q.id, c);
+        }
+        if at_most_once {
             return Ok(FailOutcome::Dropped);
         }
-        self.check_lease(lease)?;
-        let now = self.now_ms();
-        super::index::bump_rate(self.split().1, now, q.id, "failed");
         let (attempts, first): (i64, Option<i64>) = self.sql().query_one(
             "SELECT attempts, first_attempt_at FROM queue_item WHERE queue_id = ?1 AND input = ?2",
             args![q.id, lease.seq],
@@ -345,7 +438,7 @@ impl Writer<'_> {
                 &lease.input,
                 reason,
             )?)),
-            Failure::Transient(reason) => {
+            Failure::Transient(reason) | Failure::TimedOut { reason } => {
                 let budget_left = attempts < q.spec.retry.max_attempts as i64
                     && first.is_none_or(|f| now - f < q.spec.retry.max_age_ms);
                 if !budget_left {
@@ -359,6 +452,7 @@ impl Writer<'_> {
                     )?));
                 }
                 let at = now + q.spec.backoff_ms(attempts as u32, rng(self, |r| r.f64()));
+                count(self.split().1, q.id, Count::Retried);
                 self.state::<QueueTx>().item_updates += 1;
                 self.sql().execute(
                     concat!(
@@ -503,20 +597,32 @@ impl LeaseCheck {
 /// no longer claimable, so no input has two live leases. SQLite has one writer at a time;
 /// there the parameters are hidden from the planner (`?N + 0`; it looks through `+?N`),
 /// which would otherwise prepare the statement again at every claim.
-fn claim_sql(dialect: Dialect) -> &'static str {
-    match dialect {
-        Dialect::Postgres => {
-            "SELECT i.input, i.state, i.attempts, i.first_attempt_at, f.hash, f.bytes
+///
+/// A queue with a priority field orders by priority first (higher first): those claims
+/// read every claimable row of the queue and sort them, where the others walk the
+/// claimable index in order (`docs/performance.md`, "Queue controls").
+fn claim_sql(dialect: Dialect, prioritized: bool) -> &'static str {
+    macro_rules! pg {
+        ($($order:literal)?) => {
+            concat!("SELECT i.input, i.state, i.attempts, i.first_attempt_at, f.hash, f.bytes, i.claimable_at
                  FROM queue_item i LEFT JOIN fact f ON f.seq = i.input
                  WHERE i.queue_id = ?1 AND i.claimable_at <= ?2
-                 ORDER BY i.claimable_at, i.input LIMIT ?3 FOR UPDATE OF i SKIP LOCKED"
-        }
-        _ => {
-            "SELECT i.input, i.state, i.attempts, i.first_attempt_at, f.hash, f.bytes
+                 ORDER BY ", $($order,)? "i.claimable_at, i.input LIMIT ?3 FOR UPDATE OF i SKIP LOCKED")
+        };
+    }
+    macro_rules! sqlite {
+        ($($order:literal)?) => {
+            concat!("SELECT i.input, i.state, i.attempts, i.first_attempt_at, f.hash, f.bytes, i.claimable_at
                  FROM queue_item i LEFT JOIN fact f ON f.seq = i.input
                  WHERE i.queue_id = ?1 + 0 AND i.claimable_at <= ?2 + 0
-                 ORDER BY i.claimable_at, i.input LIMIT ?3 + 0"
-        }
+                 ORDER BY ", $($order,)? "i.claimable_at, i.input LIMIT ?3 + 0")
+        };
+    }
+    match (dialect, prioritized) {
+        (Dialect::Postgres, false) => pg!(),
+        (Dialect::Postgres, true) => pg!("i.priority DESC, "),
+        (_, false) => sqlite!(),
+        (_, true) => sqlite!("i.priority DESC, "),
     }
 }
 
@@ -556,10 +662,14 @@ impl Store {
             queue: spec.name.clone(),
             reason,
         })?;
-        let config = serde_json::to_string(spec).expect("a spec serialises");
         self.write(|w| {
             let defs = w.queue_defs()?;
             let old = defs.by_name(&spec.name);
+            // A plain re-declaration keeps the limit a `from now` declaration set.
+            let mut spec = spec.clone();
+            spec.after_seq = spec.after_seq.or(old.and_then(|o| o.spec.after_seq));
+            let spec = &spec;
+            let config = serde_json::to_string(spec).expect("a spec serialises");
             let rebuild = old.is_none_or(|o| {
                 o.spec.input_type != spec.input_type
                     || o.spec.scope != spec.scope
@@ -596,6 +706,23 @@ impl Store {
             }
             Ok(())
         })
+    }
+
+    /// Declares a queue as [`Store::declare_queue`] does, but without back-filling: only
+    /// facts released after the declaration are its inputs (by release order, so an input
+    /// that arrives later by sync or import is one even if it is older in the DAG).
+    ///
+    /// # Errors
+    /// As [`Store::declare_queue`].
+    pub fn declare_queue_from_now(&self, spec: &QueueSpec) -> Result<()> {
+        let last: i64 = self.read(|r| {
+            r.query_one("SELECT coalesce(max(seq), 0) FROM fact", args![], |r| {
+                r.get(0)
+            })
+        })?;
+        let mut spec = spec.clone();
+        spec.after_seq = Some(last);
+        self.declare_queue(&spec)
     }
 
     /// Removes a queue and its local state (leases, attempts). Its facts stay.
@@ -854,15 +981,19 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<ItemInfo>> {
         let (id, _) = self.def(queue)?;
+        let now = self.options().clock.now_ms();
         self.read(|r| {
             let seqs: Vec<i64> = r.query_vec(
-                "SELECT input FROM queue_item
-                 WHERE queue_id = ?1 AND (CAST(?2 AS BIGINT) IS NULL OR state = ?2)
-                 ORDER BY input LIMIT ?3",
-                args![id, state.map(ItemState::code), limit as i64],
+                concat!(
+                    "SELECT input FROM queue_item
+                     WHERE queue_id = ?1 AND (CAST(?2 AS BIGINT) IS NULL OR ",
+                    shown_state!("", "?3"),
+                    " = ?2) ORDER BY input LIMIT ?4"
+                ),
+                args![id, state.map(ItemState::code), now, limit as i64],
                 |r| r.get(0),
             )?;
-            seqs.into_iter().map(|s| item_info(r, id, s)).collect()
+            seqs.into_iter().map(|s| item_info(r, id, s, now)).collect()
         })
     }
 
@@ -873,6 +1004,7 @@ impl Store {
     /// [`Error::UnknownQueue`], [`Error::Backend`].
     pub fn queue_item(&self, queue: &str, hash: &FactHash) -> Result<Option<ItemInfo>> {
         let (id, _) = self.def(queue)?;
+        let now = self.options().clock.now_ms();
         self.read(|r| {
             let Some(input) = input_of(r, id, hash)? else {
                 return Ok(None);
@@ -881,7 +1013,7 @@ impl Store {
                 hash: input,
                 reason: format!("an input of queue {queue} that is not released"),
             })?;
-            item_info(r, id, seq).map(Some)
+            item_info(r, id, seq, now).map(Some)
         })
     }
 
@@ -921,18 +1053,25 @@ impl Store {
             breach("dead", s.dead as i64, a.max_dead as i64);
             breach("poison", s.poison as i64, a.max_poison as i64);
             breach("ready-age", s.oldest_ready_ms, a.max_ready_age_ms);
+            if let Some(max) = a.max_depth {
+                breach("depth", s.depth as i64, max as i64);
+            }
         }
         Ok(out)
     }
 }
 
-/// One input's state in queue `id`.
-fn item_info(r: &dyn ReadTx, id: i64, seq: i64) -> Result<ItemInfo> {
+/// One input's state in queue `id` at time `now`.
+fn item_info(r: &dyn ReadTx, id: i64, seq: i64, now: i64) -> Result<ItemInfo> {
     let mut info = r.query_one(
-        "SELECT f.hash, i.state, i.attempts, i.first_attempt_at, i.claimable_at, i.last_error, e.hash
-         FROM queue_item i JOIN fact f ON f.seq = i.input LEFT JOIN fact e ON e.seq = i.entry
-         WHERE i.queue_id = ?1 AND i.input = ?2",
-        args![id, seq],
+        concat!(
+            "SELECT f.hash, ",
+            shown_state!("i.", "?3"),
+            ", i.attempts, i.first_attempt_at, i.claimable_at, i.last_error, e.hash
+             FROM queue_item i JOIN fact f ON f.seq = i.input LEFT JOIN fact e ON e.seq = i.entry
+             WHERE i.queue_id = ?1 AND i.input = ?2"
+        ),
+        args![id, seq, now],
         |r| {
             Ok(ItemInfo {
                 input: r.hash(0)?,
@@ -997,13 +1136,32 @@ fn queue_stats(r: &dyn ReadTx, id: i64, spec: QueueSpec, now: i64) -> Result<Que
         }
     }
     s.oldest_ready_ms = oldest.map_or(0, |o| (now - o).max(0));
-    let (completed, discarded): (i64, i64) = r.query_one(
-        "SELECT completed, discarded FROM queue WHERE id = ?1",
+    s.depth = s.ready + s.delayed + s.leased + s.blocked;
+    s.depth_alert = spec.alerts.max_depth;
+    let counters: [i64; 7] = r.query_one(
+        "SELECT completed, discarded, dropped, failed, retried, redelivered, timed_out
+         FROM queue WHERE id = ?1",
         args![id],
-        |r| Ok((r.get(0)?, r.get(1)?)),
+        |r| {
+            let mut c = [0; 7];
+            for (at, v) in c.iter_mut().enumerate() {
+                *v = r.get(at)?;
+            }
+            Ok(c)
+        },
     )?;
-    s.completed = completed as u64;
-    s.discarded = discarded as u64;
+    [
+        &mut s.completed,
+        &mut s.discarded,
+        &mut s.dropped,
+        &mut s.failed,
+        &mut s.retried,
+        &mut s.redelivered,
+        &mut s.timed_out,
+    ]
+    .into_iter()
+    .zip(counters)
+    .for_each(|(field, v)| *field = v.max(0) as u64);
     let (c5, f5): (i64, i64) = r.query_one(
         "SELECT CAST(coalesce(sum(completed), 0) AS BIGINT),
                 CAST(coalesce(sum(failed), 0) AS BIGINT) FROM queue_rate
@@ -1047,7 +1205,9 @@ fn backfill(w: &mut Writer<'_>, spec: &QueueSpec, id: i64) -> Result<()> {
         .collect::<Vec<_>>()
         .join(",");
     // The ids are integers read from our own table, so building the IN list is safe.
-    let sql = format!("SELECT seq FROM fact WHERE type_id IN ({list}) ORDER BY seq");
+    let after = spec.after_seq.unwrap_or(0);
+    let sql =
+        format!("SELECT seq FROM fact WHERE type_id IN ({list}) AND seq > {after} ORDER BY seq");
     let seqs: Vec<i64> = w.sql().query_vec(&sql, args![], |r| r.get(0))?;
     for seq in seqs {
         let fact = w.sql().fact_at(seq)?.ok_or_else(|| Error::Queue {

@@ -181,6 +181,16 @@ impl TxState {
     }
 }
 
+/// The facts this transaction's inserts left held, in order: a client that must not
+/// leave a fact invisible (a queue completion's effects) compares it before and after.
+#[derive(Default)]
+pub(crate) struct HeldHere {
+    /// Each fact held by [`Writer::insert`], with one predecessor it waited for.
+    pub(crate) facts: Vec<(FactHash, Option<FactHash>)>,
+    /// How many facts [`Writer::insert_batch`] calls left held.
+    pub(crate) in_batches: u64,
+}
+
 /// A fact store over one database.
 ///
 /// Several `Store`s, in one process or many, may open the same file: the database's locks
@@ -670,6 +680,10 @@ impl<'a> Writer<'a> {
             fact,
             &mut runner(self.store, &mut self.state, &mut self.later),
         )?;
+        if let InsertOutcome::Held { missing } = &outcome {
+            let held = self.state.get::<HeldHere>();
+            held.facts.push((fact.hash(), missing.first().copied()));
+        }
         self.insert_later()?;
         Ok(outcome)
     }
@@ -686,6 +700,7 @@ impl<'a> Writer<'a> {
             facts,
             &mut runner(self.store, &mut self.state, &mut self.later),
         )?;
+        self.state.get::<HeldHere>().in_batches += report.held;
         self.insert_later()?;
         Ok(report)
     }

@@ -330,9 +330,7 @@ fn failed_after(
     retry_after_ms: Option<i64>,
 ) -> anyhow::Result<Outcome> {
     let short = &lease.input.hash().to_string()[..12];
-    let what = match &failure {
-        Failure::Transient(r) | Failure::Permanent(r) | Failure::Poison(r) => r.clone(),
-    };
+    let what = failure.reason().to_string();
     let result = patiently("record a failure", || match retry_after_ms {
         Some(ms) => store.fail_not_before(lease, failure.clone(), ms),
         None => store.fail(lease, failure.clone()),
@@ -365,13 +363,15 @@ fn log_line(line: &str) {
     }
 }
 
-/// The failure of an attempt that ran past `--timeout`. IMPORTANT: the one place that
-/// builds it.
+/// The failure of an attempt that ran past `--timeout`: retried as a transient failure
+/// and counted in the queue's `timed_out`.
 fn timed_out(limit: Duration) -> Failure {
-    Failure::Transient(format!(
-        "timed out after {}",
-        super::time::format_duration_ms(limit.as_millis() as i64)
-    ))
+    Failure::TimedOut {
+        reason: format!(
+            "timed out after {}",
+            super::time::format_duration_ms(limit.as_millis() as i64)
+        ),
+    }
 }
 
 fn with_stderr(head: &str, last: &str) -> String {

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/postgres/001_initial.sql"),
     include_str!("../../../schema/postgres/002_query_functions.sql"),
+    include_str!("../../../schema/postgres/003_queue_controls.sql"),
 ];
 
 /// The schema version of the PostgreSQL backend this binary writes.
