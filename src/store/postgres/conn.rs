@@ -130,7 +130,7 @@ pub(crate) struct Ahead {
     pub(crate) run: Run,
     /// Their hashes: a fact written twice is written the ordinary way the second time.
     pub(crate) hashes: std::collections::HashSet<crate::hash::FactHash>,
-    /// A fact written ahead was found stored already.
+    /// A fact written ahead was found stored already (or their write failed).
     pub(crate) lost: bool,
 }
 
@@ -207,15 +207,18 @@ impl<'a> Tx<'a> {
         if ahead.run.len() == 0 {
             return Ok(());
         }
-        let added = run_rows(conn, &ahead.run, &self.backend.shared.reprepares)?;
-        let written = ahead.run.len();
+        let added = run_rows(conn, &ahead.run, &self.backend.shared.reprepares);
+        let written = ahead.run.len() as i64;
         ahead.run.clear();
         ahead.hashes.clear();
-        if added != written as i64 {
-            ahead.lost = true;
-            return Err(ahead_lost());
+        // A failed write is lost too: the work runs again the ordinary way, where the
+        // same failure (if it recurs) meets the insert that caused it.
+        ahead.lost = added.as_ref().map_or(true, |&n| n != written);
+        match added {
+            Err(e) => Err(e),
+            Ok(_) if ahead.lost => Err(ahead_lost()),
+            Ok(_) => Ok(()),
         }
-        Ok(())
     }
 
     /// Writes `run`'s facts and edges in one statement; returns how many were new.
