@@ -67,25 +67,13 @@ impl Store {
         leases: &[Lease],
         mut handler: impl FnMut(&mut Writer<'_>, &Lease) -> Result<()>,
     ) -> Result<Vec<Result<()>>> {
-        // The common case: every handler succeeds, in the transaction itself.
-        let mut failed = None;
-        let first = self.write(|w| {
-            // The declarations are read once for the batch: none can change inside the
-            // transaction (declaring is a transaction of its own).
-            let defs = w.queue_defs()?;
-            let checked = LeaseCheck::new(w, &defs, leases)?;
-            let mut results = Vec::with_capacity(leases.len());
-            for (at, lease) in leases.iter().enumerate() {
-                match optimistic(w, &defs, (&checked, at), lease, &mut handler) {
-                    Ok(result) => results.push(result),
-                    Err(error) => {
-                        failed = Some(Failed { at, error });
-                        return Err(abandoned(lease));
-                    }
-                }
-            }
-            Ok(results)
-        });
+        // The common case: every handler succeeds, in the transaction itself; on
+        // PostgreSQL the completions' rows are written ahead, together. Should one of
+        // them prove stored already, the pass is run again without.
+        let (mut first, mut failed, lost) = self.first_pass(leases, &mut handler, true);
+        if lost {
+            (first, failed, _) = self.first_pass(leases, &mut handler, false);
+        }
         let Some(Failed { at, error }) = failed else {
             return first;
         };
@@ -127,6 +115,62 @@ impl Store {
             }
             Ok(results)
         })
+    }
+}
+
+/// How the first pass of a batch ended: the transaction's result, the handler failure
+/// that rolled it back, and whether a fact written ahead was stored already (then the
+/// transaction was rolled back for that).
+type Pass = (Result<Vec<Result<()>>>, Option<Failed>, bool);
+
+impl Store {
+    /// Runs every lease of the batch in one transaction, until a handler fails. With
+    /// `ahead`, released facts are written ahead ([`crate::store::WriteTx::write_ahead`]).
+    fn first_pass(
+        &self,
+        leases: &[Lease],
+        handler: &mut impl FnMut(&mut Writer<'_>, &Lease) -> Result<()>,
+        ahead: bool,
+    ) -> Pass {
+        let mut failed = None;
+        let mut lost = false;
+        let first = self.write(|w| {
+            // The declarations are read once for the batch: none can change inside the
+            // transaction (declaring is a transaction of its own).
+            let defs = w.queue_defs()?;
+            let checked = LeaseCheck::new(w, &defs, leases)?;
+            let ahead = ahead && w.write_ahead(true)?;
+            let mut results = Vec::with_capacity(leases.len());
+            let mut outcome = Ok(());
+            for (at, lease) in leases.iter().enumerate() {
+                match optimistic(w, &defs, (&checked, at), lease, handler) {
+                    Ok(result) => results.push(result),
+                    Err(error) => {
+                        outcome = Err((at, error));
+                        break;
+                    }
+                }
+            }
+            if ahead {
+                // What is left written ahead goes now; any failure of this transaction
+                // may have been a fact written ahead that was stored already, not what
+                // it seemed to the handler.
+                let sent = w.write_ahead(false);
+                if w.ahead_lost() {
+                    lost = true;
+                    return Err(abandoned(&leases[0]));
+                }
+                sent?;
+            }
+            match outcome {
+                Ok(()) => Ok(results),
+                Err((at, error)) => {
+                    failed = Some(Failed { at, error });
+                    Err(abandoned(&leases[at]))
+                }
+            }
+        });
+        (first, failed, lost)
     }
 }
 

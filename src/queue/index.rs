@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::fact::{Fact, Value};
 use crate::hash::FactHash;
 use crate::queue::{ItemState, Ordering, QueueSpec, state_code, system};
-use crate::store::{HookCtx, ReadTx, ReleaseHook, SqlExt, StoreOptions, TxState};
+use crate::store::{Dialect, HookCtx, ReadTx, ReleaseHook, SqlExt, StoreOptions, TxState};
 
 /// The release hook that keeps the queue index.
 #[derive(Debug, Default)]
@@ -65,28 +65,41 @@ impl ReleaseHook for QueueIndex {
     }
 
     fn before_commit(&self, ctx: &mut HookCtx<'_>) -> Result<()> {
+        flush_deletes(ctx.tx, ctx.state)?;
         flush_rates(ctx.tx, ctx.state)
     }
 
     fn savepoint_opened(&self, state: &mut TxState) {
         let qtx = state.get::<QueueTx>();
-        let mark = (qtx.rates.len(), qtx.ended.len(), qtx.counts.len());
+        let mark = Mark {
+            rates: qtx.rates.len(),
+            ended: qtx.ended.len(),
+            counts: qtx.counts.len(),
+            deferred: qtx.deferred.len(),
+            flushed: qtx.flushed,
+        };
         qtx.savepoints.push(mark);
     }
 
     fn savepoint_closed(&self, state: &mut TxState, rolled_back: bool) {
         let qtx = state.get::<QueueTx>();
-        let Some((rates, ended, counts)) = qtx.savepoints.pop() else {
+        let Some(mark) = qtx.savepoints.pop() else {
             return;
         };
         if rolled_back {
             // What the savepoint wrote is gone: so are the counts and endings it gathered,
             // and the declarations it may have read are read again.
-            qtx.rates.truncate(rates);
-            qtx.ended.truncate(ended);
-            qtx.counts.truncate(counts);
+            qtx.rates.truncate(mark.rates);
+            qtx.ended.truncate(mark.ended);
+            qtx.counts.truncate(mark.counts);
             qtx.defs = None;
             qtx.has_blocks.clear();
+            // Deletes deferred in it are forgotten; those deferred before it and flushed
+            // in it were undone with it, and are pending again. The row locks taken in
+            // it were given back (PostgreSQL releases a rolled-back subtransaction's).
+            qtx.deferred.truncate(mark.deferred);
+            qtx.flushed = qtx.flushed.min(mark.flushed);
+            qtx.locked.clear();
         }
     }
 }
@@ -113,8 +126,20 @@ pub(crate) struct QueueTx {
     pub(crate) ended: Vec<(i64, i64)>,
     /// Events to add to the queue's counters at commit (see [`Count`]).
     pub(crate) counts: Vec<(i64, Count)>,
-    /// The lengths of `rates`, `ended` and `counts` at each open savepoint.
-    savepoints: Vec<(usize, usize, usize)>,
+    /// Where each open savepoint began.
+    savepoints: Vec<Mark>,
+    /// On PostgreSQL: item rows this transaction has locked (`FOR UPDATE`) and found
+    /// leased, as (queue id, input). Such a row exists, with no blockers (a leased item
+    /// had none when it was claimed, and an item only ever loses blockers), and no other
+    /// transaction can delete it before this one commits: ending its input may defer the
+    /// row's delete (`deferred`). Cleared when a savepoint rolls back.
+    pub(crate) locked: HashSet<(i64, i64)>,
+    /// Item rows of ended inputs whose delete is deferred, as (queue id, input): written
+    /// in one statement ([`flush_deletes`]) before the commit and before any statement of
+    /// the queue code that reads or writes item rows, instead of one round trip each
+    /// under the write lock. `deferred[..flushed]` are deleted already.
+    pub(crate) deferred: Vec<(i64, i64)>,
+    pub(crate) flushed: usize,
     /// Whether each queue looked at has causal blocks in this transaction (`true`, or not
     /// known to have none) or none (`false`): an input of a queue with none ends without
     /// looking for the inputs it blocks. Forgotten when a savepoint rolls back, which may
@@ -126,6 +151,49 @@ pub(crate) struct QueueTx {
     /// a lease checked when it stood at some value still holds while it stands there and
     /// its input is not among the inputs ended since (see [`super::work::LeaseCheck`]).
     pub(crate) item_updates: u64,
+}
+
+/// What [`QueueTx`] held when a savepoint began.
+#[derive(Clone, Copy)]
+struct Mark {
+    rates: usize,
+    ended: usize,
+    counts: usize,
+    deferred: usize,
+    flushed: usize,
+}
+
+/// Deletes the item rows whose delete [`Ix::end_input`] deferred, in one statement.
+///
+/// Each is a row this transaction locked and found leased (`QueueTx::locked`), so each is
+/// there to delete; a row that is not means the bookkeeping is wrong, and the transaction
+/// fails rather than commit endings that did not happen.
+pub(crate) fn flush_deletes(tx: &dyn ReadTx, state: &mut TxState) -> Result<()> {
+    let qtx = state.get::<QueueTx>();
+    let pending = &qtx.deferred[qtx.flushed..];
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let pairs = serde_json::to_string(pending).expect("integers serialise");
+    // Only PostgreSQL defers (`Ix::may_defer`): the statement is in its dialect.
+    let gone = tx.execute(
+        "DELETE FROM queue_item i
+         USING (SELECT CAST(p->>0 AS BIGINT) AS queue_id, CAST(p->>1 AS BIGINT) AS input
+                FROM jsonb_array_elements(CAST(?1 AS jsonb)) AS p) AS d
+         WHERE i.queue_id = d.queue_id AND i.input = d.input AND i.blockers = 0",
+        args![&pairs],
+    )?;
+    if gone != pending.len() as u64 {
+        return Err(Error::Queue {
+            queue: format!("id {}", pending[0].0),
+            reason: format!(
+                "{gone} of the {} item rows of inputs ended in this transaction were found to delete",
+                pending.len()
+            ),
+        });
+    }
+    qtx.flushed = qtx.deferred.len();
+    Ok(())
 }
 
 /// The queue index at work in one transaction: its reads and SQL, the clock reading, the
@@ -287,6 +355,7 @@ impl Ix<'_> {
         if only.is_some_and(|id| id != q.id) {
             return Ok(());
         }
+        flush_deletes(self.tx, self.state)?;
         match fact.type_name() {
             system::DEAD_LETTER | system::POISON => {
                 let Some(input) = one_pred(fact, system::INPUT_ROLE) else {
@@ -385,7 +454,11 @@ impl Ix<'_> {
     /// poison if it fails the field requirements, ready otherwise.
     fn new_input(&mut self, q: &QueueDef, fact: &Fact, seq: i64) -> Result<()> {
         let blockers = match q.spec.ordering {
-            Ordering::Causal => self.unfinished_ancestor_inputs(q, seq)?,
+            Ordering::Causal => {
+                // The walk for unfinished ancestors reads item rows.
+                flush_deletes(self.tx, self.state)?;
+                self.unfinished_ancestor_inputs(q, seq)?
+            }
             Ordering::None => Vec::new(),
         };
         let now = self.now;
@@ -505,6 +578,14 @@ impl Ix<'_> {
     /// probe). The completed counter is added up at commit.
     pub(crate) fn end_input(&mut self, q: &QueueDef, input: &FactHash, how: End) -> Result<()> {
         let known = (self.known)(input);
+        if let Some(seq) = known
+            && self.may_defer(q.id, seq)?
+        {
+            self.state.get::<QueueTx>().deferred.push((q.id, seq));
+            return self.ended(q, seq, how);
+        }
+        // What follows reads item rows: the deferred deletes go first.
+        flush_deletes(self.tx, self.state)?;
         if let Some(seq) = known {
             let sql = if self.has_blocks(q.id)? {
                 "DELETE FROM queue_item WHERE queue_id = ?1 AND input = ?2 AND blockers = 0
@@ -578,6 +659,21 @@ impl Ix<'_> {
             )?;
         }
         self.ended(q, seq, how)
+    }
+
+    /// Whether the item row of input `seq` of queue `id` may be deleted later, in one
+    /// statement with others ([`flush_deletes`]): on PostgreSQL, when this transaction
+    /// holds the row's lock and found it leased (`QueueTx::locked`), and the queue has no
+    /// causal blocks, so that the input unblocks nothing. The row is then taken out of
+    /// `locked`: a second ending of the same input in this transaction finds it gone.
+    fn may_defer(&mut self, id: i64, seq: i64) -> Result<bool> {
+        if self.tx.dialect() != Dialect::Postgres
+            || !self.state.get::<QueueTx>().locked.contains(&(id, seq))
+            || self.has_blocks(id)?
+        {
+            return Ok(false);
+        }
+        Ok(self.state.get::<QueueTx>().locked.remove(&(id, seq)))
     }
 
     /// Whether queue `id` may have causal blocks (see [`QueueTx::has_blocks`]): looked up

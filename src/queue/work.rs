@@ -100,7 +100,8 @@ impl Writer<'_> {
     /// locks the item row until the transaction ends: a claim running at the same time
     /// skips the row, and one that took it first (the lease had expired) commits before
     /// the check reads the row again and finds another token.
-    fn check_lease(&self, lease: &Lease) -> Result<()> {
+    fn check_lease(&mut self, lease: &Lease) -> Result<()> {
+        self.flush_item_deletes()?;
         macro_rules! check {
             ($($lock:literal)?) => {
                 concat!(
@@ -119,6 +120,10 @@ impl Writer<'_> {
             .sql()
             .exists(sql, args![lease.queue_id, lease.seq, lease.token])?;
         if held {
+            if self.sql().dialect() == Dialect::Postgres {
+                let row = (lease.queue_id, lease.seq);
+                self.state::<QueueTx>().locked.insert(row);
+            }
             Ok(())
         } else {
             Err(Error::LeaseLost {
@@ -126,6 +131,14 @@ impl Writer<'_> {
                 input: lease.input.hash(),
             })
         }
+    }
+
+    /// Writes the item deletes the queue index deferred ([`super::index::flush_deletes`]):
+    /// first thing in every statement of this file that reads or writes item rows in a
+    /// write transaction.
+    fn flush_item_deletes(&mut self) -> Result<()> {
+        let (tx, state) = self.split();
+        super::index::flush_deletes(tx, state)
     }
 
     fn dead_letter(
@@ -168,6 +181,8 @@ impl Writer<'_> {
         let (defs, at) = self.queue(queue)?;
         let q = &defs.queues[at];
         let now = self.now_ms();
+        // The limits count live leases in the item rows: the deferred deletes go first.
+        self.flush_item_deletes()?;
         let (n, window) = allowance(self, &q.spec, q.id, n, now)?;
         let mut leases = Vec::new();
         let completion = Arc::new(q.spec.completions[0].clone());
@@ -496,6 +511,7 @@ impl LeaseCheck {
         leases: &[Lease],
     ) -> Result<LeaseCheck> {
         let mut held = vec![false; leases.len()];
+        w.flush_item_deletes()?;
         let at_least_once = |l: &Lease| {
             defs.by_name(&l.queue)
                 .is_some_and(|q| q.id == l.queue_id && q.spec.semantics == Semantics::AtLeastOnce)
@@ -537,6 +553,13 @@ impl LeaseCheck {
                         held[at] = rows.binary_search_by_key(&l.seq, |r| r.0).is_ok_and(|i| {
                             rows[i].1 == ItemState::Leased.code() && rows[i].2 == Some(l.token)
                         });
+                    }
+                }
+                // Locked to the commit and leased: the index may defer their deletes.
+                let locked = &mut w.state::<QueueTx>().locked;
+                for (input, state, _) in rows {
+                    if state == ItemState::Leased.code() {
+                        locked.insert((queue, input));
                     }
                 }
                 continue;

@@ -705,6 +705,25 @@ pub trait WriteTx: ReadTx {
         Ok(())
     }
 
+    /// Turns on (or off) writing released facts ahead: each is taken to be new, given its
+    /// release number and hooks at once, and its row is written with the next statement,
+    /// several in one. Should one prove stored already, that statement and every later one
+    /// fails ([`WriteTx::ahead_lost`]) and the transaction must be rolled back. Turning it
+    /// off writes those waiting. Returns whether the backend does it (the default does
+    /// not: SQLite writes in process).
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn write_ahead(&mut self, on: bool) -> Result<bool> {
+        let _ = on;
+        Ok(false)
+    }
+
+    /// Whether a fact written ahead ([`WriteTx::write_ahead`]) proved stored already.
+    fn ahead_lost(&self) -> bool {
+        false
+    }
+
     /// The read side of this transaction, as a trait object.
     fn as_read(&self) -> &dyn ReadTx;
 

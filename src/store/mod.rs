@@ -736,6 +736,16 @@ impl<'a> Writer<'a> {
         self.tx.assume_released(fact, seq)
     }
 
+    /// See [`WriteTx::write_ahead`].
+    pub(crate) fn write_ahead(&mut self, on: bool) -> Result<bool> {
+        self.tx.write_ahead(on)
+    }
+
+    /// See [`WriteTx::ahead_lost`].
+    pub(crate) fn ahead_lost(&self) -> bool {
+        self.tx.ahead_lost()
+    }
+
     /// Resolves a hash prefix against released and held facts.
     ///
     /// # Errors

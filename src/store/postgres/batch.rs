@@ -30,7 +30,7 @@ pub(super) const RUN: usize = 8_192;
 
 /// Released facts of a batch not yet written, in release order, with their edges.
 #[derive(Default)]
-pub(super) struct Run {
+pub(crate) struct Run {
     facts: Vec<Fact>,
     seq: Vec<i64>,
     type_id: Vec<i64>,
@@ -68,7 +68,46 @@ impl Run {
         self.type_id.push(type_id);
     }
 
-    fn clear(&mut self) {
+    /// The statement of [`Run::write_rows`].
+    pub(super) const WRITE_ROWS: &'static str = "WITH f AS (
+             INSERT INTO fact (seq, hash, type_id, bytes)
+             SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[])
+             ON CONFLICT (hash) DO NOTHING RETURNING 1),
+         e AS (
+             INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
+             SELECT * FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[]))
+         SELECT count(*) FROM f";
+
+    /// Writes the run's facts and edges in one statement ([`Run::WRITE_ROWS`], run by
+    /// `query` with its parameters); returns how many facts were new.
+    pub(super) fn write_rows(
+        &self,
+        query: impl FnOnce(super::conn::Params<'_>) -> Result<i64>,
+    ) -> Result<i64> {
+        let hashes: Vec<FactHash> = self.facts.iter().map(|f| f.hash()).collect();
+        let hashes: Vec<&[u8]> = hashes.iter().map(|h| &h.0[..]).collect();
+        let bytes: Vec<&[u8]> = self.facts.iter().map(|f| f.canonical_bytes()).collect();
+        let (mut succ, mut succ_type) = (Vec::new(), Vec::new());
+        let mut start = 0;
+        for (i, &end) in self.ends.iter().enumerate() {
+            succ.extend(std::iter::repeat_n(self.seq[i], end - start));
+            succ_type.extend(std::iter::repeat_n(self.type_id[i], end - start));
+            start = end;
+        }
+        query(&[
+            &self.seq,
+            &hashes,
+            &self.type_id,
+            &bytes,
+            &self.pred,
+            &self.role,
+            &succ_type,
+            &succ,
+            &self.pred_type,
+        ])
+    }
+
+    pub(super) fn clear(&mut self) {
         self.facts.clear();
         self.seq.clear();
         self.type_id.clear();
@@ -347,38 +386,7 @@ impl PgWrite<'_> {
         if run.facts.is_empty() {
             return Ok(());
         }
-        let hashes: Vec<FactHash> = run.facts.iter().map(|f| f.hash()).collect();
-        let hashes: Vec<&[u8]> = hashes.iter().map(|h| &h.0[..]).collect();
-        let bytes: Vec<&[u8]> = run.facts.iter().map(|f| f.canonical_bytes()).collect();
-        let (mut succ, mut succ_type) = (Vec::new(), Vec::new());
-        let mut start = 0;
-        for (i, &end) in run.ends.iter().enumerate() {
-            succ.extend(std::iter::repeat_n(run.seq[i], end - start));
-            succ_type.extend(std::iter::repeat_n(run.type_id[i], end - start));
-            start = end;
-        }
-        let added: i64 = self.tx.rows(
-            "WITH f AS (
-                 INSERT INTO fact (seq, hash, type_id, bytes)
-                 SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[])
-                 ON CONFLICT (hash) DO NOTHING RETURNING 1),
-             e AS (
-                 INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
-                 SELECT * FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[]))
-             SELECT count(*) FROM f",
-            &[
-                &run.seq,
-                &hashes,
-                &run.type_id,
-                &bytes,
-                &run.pred,
-                &run.role,
-                &succ_type,
-                &succ,
-                &run.pred_type,
-            ],
-        )?[0]
-            .get(0);
+        let added = self.tx.write_run(run)?;
         if added != run.facts.len() as i64 {
             // Under the write lock, a fact read as absent at the batch's start is absent.
             return Err(Error::Corrupt {

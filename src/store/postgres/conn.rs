@@ -8,6 +8,7 @@ use postgres::types::{ToSql, Type};
 use postgres::{Client, Statement};
 
 use super::PgBackend;
+use super::batch::Run;
 use super::errors::backend;
 use super::params::{PgArg, Raw, rewrite_used, value};
 use crate::error::{BackendError, BackendErrorKind, Error, Result};
@@ -107,6 +108,51 @@ pub(crate) struct Tx<'a> {
     /// A read transaction (`READ ONLY`, set by `Backend::read`): every row it reads was
     /// committed before it began.
     pub(crate) read_only: bool,
+    /// Released facts written ahead ([`Ahead`]), sent before the next statement.
+    pub(crate) ahead: RefCell<Ahead>,
+}
+
+/// Released facts whose rows are sent with the next statement of the transaction rather
+/// than each in a round trip of its own (`PgWrite::write_ahead`, turned on by
+/// `Store::complete_batch`).
+///
+/// A fact written ahead is taken to be new: it gets its release number and its hooks run
+/// at once, and any later statement of the transaction, a read or the commit, first
+/// writes the facts waiting (one statement, `Run::write_rows`), so nothing reads around
+/// them. If one of them was stored already, that guess was wrong: the statement fails,
+/// as does every later one of the transaction, which is rolled back
+/// ([`Ahead::lost`]); the caller runs its work again without writing ahead.
+#[derive(Default)]
+pub(crate) struct Ahead {
+    /// Whether released facts are written ahead now.
+    pub(crate) on: bool,
+    /// The facts waiting, in release order.
+    pub(crate) run: Run,
+    /// Their hashes: a fact written twice is written the ordinary way the second time.
+    pub(crate) hashes: std::collections::HashSet<crate::hash::FactHash>,
+    /// A fact written ahead was found stored already (or their write failed).
+    pub(crate) lost: bool,
+}
+
+/// Writes `run`'s rows on `conn` ([`Run::write_rows`]); returns how many facts were new.
+fn run_rows(
+    conn: &mut PgConn,
+    run: &Run,
+    reprepares: &std::sync::atomic::AtomicU64,
+) -> Result<i64> {
+    let s = conn.prepared(Run::WRITE_ROWS, None, reprepares)?;
+    run.write_rows(|params| {
+        let rows = conn.client.query(&s, params).map_err(backend)?;
+        Ok(rows[0].get(0))
+    })
+}
+
+/// The error of every statement after a fact written ahead was found stored already.
+fn ahead_lost() -> Error {
+    Error::Backend(BackendError::new(
+        BackendErrorKind::Constraint,
+        "postgres: a fact written ahead in this transaction was stored already; it is rolled back",
+    ))
 }
 
 impl<'a> Tx<'a> {
@@ -130,6 +176,7 @@ impl<'a> Tx<'a> {
             backend: pg,
             open: true,
             read_only: false,
+            ahead: RefCell::default(),
         })
     }
 
@@ -146,7 +193,42 @@ impl<'a> Tx<'a> {
                 "postgres: a statement ran inside another's row callback on one connection",
             ))
         })?;
-        f(conn.as_mut().expect("present until drop"))
+        let conn = conn.as_mut().expect("present until drop");
+        self.write_ahead_rows(conn)?;
+        f(conn)
+    }
+
+    /// Writes the facts written ahead, before any other statement runs.
+    fn write_ahead_rows(&self, conn: &mut PgConn) -> Result<()> {
+        let mut ahead = self.ahead.borrow_mut();
+        if ahead.lost {
+            return Err(ahead_lost());
+        }
+        if ahead.run.len() == 0 {
+            return Ok(());
+        }
+        let added = run_rows(conn, &ahead.run, &self.backend.shared.reprepares);
+        let written = ahead.run.len() as i64;
+        ahead.run.clear();
+        ahead.hashes.clear();
+        // A failed write is lost too: the work runs again the ordinary way, where the
+        // same failure (if it recurs) meets the insert that caused it.
+        ahead.lost = added.as_ref().map_or(true, |&n| n != written);
+        match added {
+            Err(e) => Err(e),
+            Ok(_) if ahead.lost => Err(ahead_lost()),
+            Ok(_) => Ok(()),
+        }
+    }
+
+    /// Writes `run`'s facts and edges in one statement; returns how many were new.
+    pub(crate) fn write_run(&self, run: &Run) -> Result<i64> {
+        self.with(|c| run_rows(c, run, &self.backend.shared.reprepares))
+    }
+
+    /// Sends the facts written ahead now (a statement with nothing else to do).
+    pub(crate) fn send_ahead(&self) -> Result<()> {
+        self.with(|_| Ok(()))
     }
 
     /// Runs a statement of the core (`$N` text) and returns its rows.

@@ -128,6 +128,18 @@ impl WriteTx for PgWrite<'_> {
         self
     }
 
+    fn write_ahead(&mut self, on: bool) -> Result<bool> {
+        if !on {
+            self.tx.send_ahead()?;
+        }
+        self.tx.ahead.borrow_mut().on = on;
+        Ok(true)
+    }
+
+    fn ahead_lost(&self) -> bool {
+        self.tx.ahead.borrow().lost
+    }
+
     fn commit(mut self: Box<Self>) -> Result<()> {
         if let Some(now) = self.locked {
             for (name, value, before) in [
@@ -307,7 +319,48 @@ impl<'a> PgWrite<'a> {
             roles.push(self.names.id(&self.tx, true, role)?);
             pred_types.push(*pred_type);
         }
-        // The row and its edges in one statement: one round trip, not one per edge.
+        let hash = fact.hash();
+        let ahead = {
+            let a = self.tx.ahead.borrow();
+            a.on && !a.hashes.contains(&hash)
+        };
+        if ahead {
+            // Taken to be new; sent with the next statement (`conn::Ahead`).
+            let edges: Vec<(i64, FactHash, i64, i64)> = preds
+                .iter()
+                .zip(&roles)
+                .map(|(p, &role)| (role, p.1, p.2, p.3))
+                .collect();
+            let full = {
+                let mut a = self.tx.ahead.borrow_mut();
+                a.run.push(fact.clone(), seq, type_id, &edges);
+                a.hashes.insert(hash);
+                a.run.len() >= super::batch::RUN
+            };
+            if full {
+                self.tx.send_ahead()?;
+            }
+        } else if !self.write_row(fact, seq, type_id, (&pred_seqs, &roles, &pred_types))? {
+            return Ok(None);
+        }
+        self.counters().seq = seq;
+        if let Some(batch) = &mut self.batch_released {
+            batch.insert(fact.hash(), (seq, type_id));
+        }
+        let known = |h: &FactHash| preds.iter().find(|p| p.1 == *h).map(|p| p.2);
+        hooks.released(&self.tx, fact, seq, &known)?;
+        Ok(Some((seq, type_id)))
+    }
+
+    /// Writes a released fact's row and edges in one statement (one round trip, not one
+    /// per edge); `false` if it was stored already.
+    fn write_row(
+        &self,
+        fact: &Fact,
+        seq: i64,
+        type_id: i64,
+        (pred_seqs, roles, pred_types): (&[i64], &[i64], &[i64]),
+    ) -> Result<bool> {
         let added: i64 = self.tx.rows(
             "WITH f AS (
                  INSERT INTO fact (seq, hash, type_id, bytes) VALUES ($1, $2, $3, $4)
@@ -328,16 +381,7 @@ impl<'a> PgWrite<'a> {
             ],
         )?[0]
             .get(0);
-        if added == 0 {
-            return Ok(None);
-        }
-        self.counters().seq = seq;
-        if let Some(batch) = &mut self.batch_released {
-            batch.insert(fact.hash(), (seq, type_id));
-        }
-        let known = |h: &FactHash| preds.iter().find(|p| p.1 == *h).map(|p| p.2);
-        hooks.released(&self.tx, fact, seq, &known)?;
-        Ok(Some((seq, type_id)))
+        Ok(added != 0)
     }
 
     /// Releases every held fact that waited only for `first` or for facts this releases,
