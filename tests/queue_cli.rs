@@ -577,7 +577,8 @@ fn dlq_show_prints_times_as_rfc3339() {
     db.import(&facts);
     declare(&db, &["--max-attempts", "1"]);
     let out = work_once(&db, "exit 1");
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // `--once` exits 1 when its run dead-lettered an input.
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
     let text = db.ok(&["dlq", "show", "ship", &facts[1].hash().to_string()]);
     for label in ["first attempt", "entered at"] {
         let line = text
