@@ -435,7 +435,9 @@ fn a_per_input_timeout_kills_the_handlers_process_group_and_counts_a_failure() {
     );
     let pid = read_pid(&pidfile);
     eventually(&format!("grandchild {pid} survived"), || gone(pid));
-    assert_eq!(stats(&db.path)["dead"], 1);
+    let stats = stats(&db.path);
+    assert_eq!(stats["dead"], 1, "{stats}");
+    assert_eq!(stats["timed_out"], 1, "counted as a timeout: {stats}");
 }
 
 #[test]
