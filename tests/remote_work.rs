@@ -511,3 +511,71 @@ fn remote_workers_on_a_postgres_hub_complete_each_input_once() {
     assert_eq!(total, 120);
     assert_each_once(url, &facts[1..]);
 }
+
+/// `precedent work ship --remote URL ...` with the effect handler, as a child.
+fn remote_worker(db: &Path, url: &str, extra: &[&str]) -> Child {
+    let mut args = vec!["work", "ship", "--remote", url, "--quiet"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", common::queue::EFFECT]);
+    cmd(db, &args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// For each input: how many `Shop.Shipped` facts and distinct `Effect` facts (one per
+/// attempt that applied it) name it, from the CLI handler's effects.
+fn assert_cli_once(db: &str, inputs: &[Fact]) {
+    let counts = applied(db);
+    for i in inputs {
+        let got = counts.get(&i.hash().to_string()).copied();
+        assert_eq!(got, Some((1, 1)), "input {}", i.hash());
+    }
+}
+
+#[test]
+fn two_remote_cli_workers_drain_the_queue_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, inputs) = hub(dir.path(), 40, "30s");
+    let server = Serve::start(&db, "127.0.0.1:0", &[]);
+    // No database of their own: --db names a file that does not exist.
+    let nowhere = dir.path().join("absent.db");
+    let workers: Vec<Child> = (0..2)
+        .map(|_| remote_worker(&nowhere, &server.url, &["--once", "--batch", "3", "-j", "2"]))
+        .collect();
+    for mut w in workers {
+        assert!(w.wait().unwrap().success());
+    }
+    assert!(!nowhere.exists());
+    let db = db.to_str().unwrap();
+    assert_cli_once(db, &inputs);
+    assert_eq!(stats(db)["completed"], 40);
+}
+
+#[test]
+fn a_remote_cli_worker_survives_the_server_restarting() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, inputs) = hub(dir.path(), 60, "30s");
+    let server = Serve::start(&db, "127.0.0.1:0", &[]);
+    let addr = server.addr.to_string();
+    let url = server.url.clone();
+    let mut worker = remote_worker(&db, &url, &["--batch", "4", "--poll", "20ms"]);
+    let dbs = db.to_str().unwrap().to_string();
+    let completed = || stats(&dbs)["completed"].as_u64().unwrap();
+    let start = Instant::now();
+    while completed() < 10 && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(server);
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(worker.try_wait().unwrap().is_none(), "the worker gave up");
+    let _again = Serve::start(&db, &addr, &[]);
+    while completed() < 60 && start.elapsed() < Duration::from_secs(90) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    common::process::kill(&mut worker);
+    assert_cli_once(&dbs, &inputs);
+    assert_eq!(completed(), 60);
+}

@@ -43,6 +43,13 @@ pub struct WorkArgs {
     /// How long to wait before looking again when nothing is ready.
     #[arg(long, value_name = "DUR", default_value = "200ms", value_parser = parse_duration)]
     pub poll: i64,
+    /// Work on the queue of the hub at this URL (`precedent serve`) instead of a local
+    /// database.
+    #[arg(long, value_name = "URL")]
+    pub remote: Option<String>,
+    /// Bearer token for --remote.
+    #[arg(long, env = "PRECEDENT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -62,6 +69,9 @@ struct Shared {
 
 /// `precedent work`.
 pub fn work(g: &Global, args: WorkArgs) -> anyhow::Result<Status> {
+    if let Some(url) = args.remote.clone() {
+        return super::work_remote::work(g, args, &url);
+    }
     let store = g.open(false)?;
     let spec = store
         .queues()?
