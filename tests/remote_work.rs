@@ -543,7 +543,13 @@ fn two_remote_cli_workers_drain_the_queue_once() {
     // No database of their own: --db names a file that does not exist.
     let nowhere = dir.path().join("absent.db");
     let workers: Vec<Child> = (0..2)
-        .map(|_| remote_worker(&nowhere, &server.url, &["--once", "--batch", "3", "-j", "2"]))
+        .map(|_| {
+            remote_worker(
+                &nowhere,
+                &server.url,
+                &["--once", "--batch", "3", "-j", "2"],
+            )
+        })
         .collect();
     for mut w in workers {
         assert!(w.wait().unwrap().success());
@@ -578,4 +584,24 @@ fn a_remote_cli_worker_survives_the_server_restarting() {
     common::process::kill(&mut worker);
     assert_cli_once(&dbs, &inputs);
     assert_eq!(completed(), 60);
+}
+
+#[test]
+fn a_waiting_claim_gets_an_input_that_arrives_while_it_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, _) = hub(dir.path(), 0, "30s");
+    let server = Serve::start(&db, "127.0.0.1:0", &[]);
+    let q = queue(&server.url, None);
+    assert!(q.claim(1, Duration::ZERO).unwrap().is_empty());
+    let late = Fact::builder("Shop.Order").field("id", 99).build().unwrap();
+    let (db2, l2) = (db.clone(), late.clone());
+    let adder = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        import(&db2, &[l2]);
+    });
+    // One claim, waiting up to 20 s: it answers with the input that came meanwhile.
+    let got = q.claim(1, Duration::from_secs(20)).unwrap();
+    adder.join().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].input.hash(), late.hash());
 }
