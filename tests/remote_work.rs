@@ -6,7 +6,6 @@ mod common;
 mod sync_support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -20,7 +19,7 @@ use serde_json::Value as Json;
 
 /// A `precedent serve` child; killed when dropped.
 struct Serve {
-    child: Child,
+    _server: common::process::Server,
     url: String,
     addr: SocketAddr,
 }
@@ -28,30 +27,15 @@ struct Serve {
 impl Serve {
     /// Serves `db` on `listen` (`127.0.0.1:0` for a port from the OS) with `extra` args.
     fn start(db: &Path, listen: &str, extra: &[&str]) -> Serve {
-        let mut args = vec!["serve", "--listen", listen];
-        args.extend_from_slice(extra);
-        let mut child = cmd(db, &args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = loop {
-            let line = lines.next().expect("serve exited").unwrap();
-            if let Some(u) = line.strip_prefix("listening on ") {
-                break u.trim().to_string();
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
+        let server =
+            common::process::Server::start_with(db, &[&["--listen", listen], extra].concat());
+        let url = server.url.clone();
         let addr = url.trim_start_matches("http://").parse().unwrap();
-        Serve { child, url, addr }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        common::process::kill(&mut self.child);
+        Serve {
+            _server: server,
+            url,
+            addr,
+        }
     }
 }
 
