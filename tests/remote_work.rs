@@ -589,3 +589,56 @@ fn a_waiting_claim_gets_an_input_that_arrives_while_it_waits() {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].input.hash(), late.hash());
 }
+
+#[test]
+fn a_killed_remote_cli_workers_inputs_are_offered_again_when_its_leases_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, inputs) = hub(dir.path(), 3, "1s");
+    let server = Serve::start(&db, "127.0.0.1:0", &[]);
+    let dbs = db.to_str().unwrap().to_string();
+    // A worker whose handler hangs, killed with SIGKILL once it holds every input.
+    let mut stuck = cmd(
+        &db,
+        &[
+            "work",
+            "ship",
+            "--remote",
+            &server.url,
+            "--batch",
+            "3",
+            "--",
+            "sleep",
+            "3",
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut rounds = 0;
+    while stats(&dbs)["leased"] != 3 {
+        rounds += 1;
+        assert!(rounds < 400, "the worker never claimed: {}", stats(&dbs));
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    common::process::kill(&mut stuck);
+    // Other workers get the inputs once the leases end, and complete each once.
+    let mut rounds = 0;
+    while stats(&dbs)["completed"] != 3 {
+        rounds += 1;
+        assert!(rounds < 60, "still pending: {}", stats(&dbs));
+        let mut w = remote_worker(&db, &server.url, &["--once", "--batch", "3"]);
+        assert!(w.wait().unwrap().success());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_cli_once(&dbs, &inputs);
+    let out = run_ok(&db, &["--json", "queue", "items", "ship"], b"");
+    let items = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        inputs
+            .iter()
+            .all(|i| !items.contains(&i.hash().to_string())),
+        "{items}"
+    );
+}
