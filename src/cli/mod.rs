@@ -27,6 +27,7 @@ mod records;
 mod sync;
 mod time;
 mod work;
+mod work_remote;
 
 use std::fmt;
 use std::io::{self, IsTerminal};

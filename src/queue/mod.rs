@@ -479,6 +479,35 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// A lease as a claim handed it out, rebuilt from its parts (a remote worker's lease
+    /// id, `sync::server`). It is only as good as `token`: every use of it checks that the
+    /// item row still carries that token, so a stale or made-up one is refused as lost.
+    #[cfg(feature = "server")]
+    pub(crate) fn rebuilt(
+        queue: &str,
+        (queue_id, seq, token): (i64, i64, i64),
+        input: Fact,
+        completion: Completion,
+    ) -> Lease {
+        Lease {
+            queue: queue.to_string(),
+            claimed: input.clone(),
+            input,
+            attempt: 0,
+            expires_at_ms: 0,
+            queue_id,
+            seq,
+            token,
+            completion: std::sync::Arc::new(completion),
+        }
+    }
+
+    /// The parts [`Lease::rebuilt`] takes back: queue id, input seq and lease token.
+    #[cfg(feature = "server")]
+    pub(crate) fn parts(&self) -> (i64, i64, i64) {
+        (self.queue_id, self.seq, self.token)
+    }
+
     /// A builder for a fact that completes this input under the queue's first completion
     /// rule: its type, with the input under its role. Add fields and build it.
     pub fn completion(&self) -> FactBuilder {

@@ -11,7 +11,8 @@
 //! ```
 //!
 //! `read` and `write` default to `false`; `types`, when present, lists the only fact types
-//! the token may push. A server started without a token file lets every request read and
+//! the token may push; `work` (`true`, or a list of queue names) lets it claim and finish
+//! the inputs of queues over HTTP (`/v1/queues/...`). A server started without a token file lets every request read and
 //! write, as the peer `anonymous`.
 
 use std::path::Path;
@@ -37,6 +38,26 @@ pub struct Grant {
     /// When present, the only fact types a push may carry.
     #[serde(default)]
     pub types: Option<Vec<String>>,
+    /// The queues whose inputs it may claim, extend, complete, fail and poison.
+    #[serde(default)]
+    pub work: Work,
+}
+
+/// A token's work permission: none (the default), every queue (`true`), or the queues
+/// named.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Work {
+    /// `true` for every queue, `false` for none.
+    All(bool),
+    /// Only these queues.
+    Queues(Vec<String>),
+}
+
+impl Default for Work {
+    fn default() -> Work {
+        Work::All(false)
+    }
 }
 
 impl Grant {
@@ -47,6 +68,14 @@ impl Grant {
                 .types
                 .as_ref()
                 .is_none_or(|t| t.iter().any(|x| x == type_name))
+    }
+
+    /// Whether this grant lets a worker take and finish the inputs of `queue`.
+    pub fn may_work(&self, queue: &str) -> bool {
+        match &self.work {
+            Work::All(all) => *all,
+            Work::Queues(names) => names.iter().any(|n| n == queue),
+        }
     }
 }
 
@@ -158,6 +187,7 @@ mod tests {
             read: true,
             write: true,
             types: Some(vec!["Shop".into()]),
+            work: Work::Queues(vec!["ship".into()]),
         }])
         .unwrap();
         assert_eq!(t.check(None), Access::Unauthorized);
@@ -167,6 +197,7 @@ mod tests {
         };
         assert!(g.may_write_type("Shop"));
         assert!(!g.may_write_type("Shop.Order"));
+        assert!(g.may_work("ship") && !g.may_work("bill"));
         assert_eq!(Tokens::open().check(None), Access::Open);
     }
 }

@@ -23,6 +23,7 @@
 //! # Layout
 //! - [`wire`]: paths, headers, JSON bodies and the CBOR-sequence record reader shared by
 //!   both sides.
+//! - [`queue_wire`]: the JSON bodies of the queue endpoints, for remote workers.
 //! - [`auth`]: the token file and what each token may do.
 //! - [`server`]: the axum/hyper server, its limits, metrics and graceful shutdown.
 //! - [`client`]: the blocking client and the sync loop with its bookmarks.
@@ -32,6 +33,7 @@ pub mod auth;
 pub mod client;
 #[cfg(feature = "server")]
 mod metrics;
+pub mod queue_wire;
 #[cfg(feature = "server")]
 pub mod server;
 mod state;

@@ -52,7 +52,13 @@ pub struct Server {
 impl Server {
     /// Starts a server on `db` and waits for the line naming its address.
     pub fn start(db: &Path) -> Server {
-        let mut child = cmd(db, &["serve", "--listen", "127.0.0.1:0"])
+        Server::start_with(db, &["--listen", "127.0.0.1:0"])
+    }
+
+    /// Starts `serve ARGS..` on `db` (ARGS naming its `--listen` address) and waits for
+    /// the line naming its address.
+    pub fn start_with(db: &Path, args: &[&str]) -> Server {
+        let mut child = cmd(db, &[&["serve"], args].concat())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

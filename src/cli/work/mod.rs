@@ -67,6 +67,13 @@ pub struct WorkArgs {
     /// restarted); the attempt counts as a transient failure.
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub timeout: Option<i64>,
+    /// Work on the queue of the hub at this URL (`precedent serve`) instead of a local
+    /// database.
+    #[arg(long, value_name = "URL")]
+    pub remote: Option<String>,
+    /// Bearer token for --remote.
+    #[arg(long, env = "PRECEDENT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -89,6 +96,9 @@ struct Shared {
 
 /// `precedent work`.
 pub fn work(g: &Global, args: WorkArgs) -> anyhow::Result<Status> {
+    if let Some(url) = args.remote.clone() {
+        return super::work_remote::work(g, args, &url);
+    }
     let store = g.open(false)?;
     let spec = store
         .queues()?

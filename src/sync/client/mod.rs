@@ -14,7 +14,10 @@ use crate::error::{Error, Result};
 use crate::hash::FactHash;
 
 mod known;
+mod queue;
 mod run;
+
+pub use queue::{RemoteLease, RemoteQueue};
 
 /// How a [`Client`] connects.
 #[derive(Clone, Debug)]

@@ -101,6 +101,11 @@ impl From<Error> for Failure {
                     "this peer already has {limit} facts held here, the most allowed; send their ancestors first"
                 ),
             ),
+            Error::UnknownQueue { name } => Failure::new(
+                StatusCode::NOT_FOUND,
+                "unknown_queue",
+                format!("no queue {name:?} is declared here"),
+            ),
             e if e.is_busy() => Failure::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "busy",

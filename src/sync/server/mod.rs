@@ -29,6 +29,7 @@ mod http_errors;
 mod json_api;
 mod json_query;
 mod push;
+mod queues;
 mod routes;
 
 use app::App;

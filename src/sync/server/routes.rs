@@ -1,5 +1,6 @@
 //! The routes: health, info, metrics, pull (paged, long-poll, scoped, streamed), push and
-//! fetch; one fact by hash and queries, in JSON (`json_api`, `json_query`).
+//! fetch; one fact by hash and queries, in JSON (`json_api`, `json_query`); work queues
+//! for remote workers (`queues`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,6 +34,10 @@ pub(super) fn router(app: Arc<App>) -> Router {
         .route(wire::PATH_PULL, post(pull_with_body))
         .route(wire::PATH_FETCH, post(fetch))
         .route(wire::PATH_METRICS, get(metrics))
+        .route(
+            crate::sync::queue_wire::PATH_QUEUE_ACTION,
+            post(super::queues::action),
+        )
         .fallback(|| async { Failure::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app)
