@@ -16,9 +16,14 @@
 
 mod batch;
 mod index;
+// The paged reads of the console's JSON endpoints (src/sync/server/console/).
+#[cfg(feature = "server")]
+mod pages;
 mod typed;
 mod work;
 
+#[cfg(feature = "server")]
+pub(crate) use pages::{ItemFilter, Minute};
 pub use typed::{QueueHandle, TypedLease};
 
 use serde::{Deserialize, Serialize};

@@ -639,7 +639,7 @@ impl Store {
         load_defs(r, &self.extension::<QueueCache>())
     }
 
-    fn def(&self, name: &str) -> Result<(i64, QueueSpec)> {
+    pub(super) fn def(&self, name: &str) -> Result<(i64, QueueSpec)> {
         let defs = self.read(|r| self.defs(r))?;
         defs.by_name(name)
             .map(|q| (q.id, q.spec.clone()))
@@ -903,7 +903,7 @@ impl Store {
 }
 
 /// One input's state in queue `id`.
-fn item_info(r: &dyn ReadTx, id: i64, seq: i64) -> Result<ItemInfo> {
+pub(super) fn item_info(r: &dyn ReadTx, id: i64, seq: i64) -> Result<ItemInfo> {
     let mut info = r.query_one(
         "SELECT f.hash, i.state, i.attempts, i.first_attempt_at, i.claimable_at, i.last_error, e.hash
          FROM queue_item i JOIN fact f ON f.seq = i.input LEFT JOIN fact e ON e.seq = i.entry

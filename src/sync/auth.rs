@@ -10,8 +10,9 @@
 //! ]}
 //! ```
 //!
-//! `read` and `write` default to `false`; `types`, when present, lists the only fact types
-//! the token may push. A server started without a token file lets every request read and
+//! `read`, `write` and `admin` default to `false`; `types`, when present, lists the only
+//! fact types the token may push; `admin` lets it redrive and discard queue entries from
+//! the console or the JSON API. A server started without a token file lets every request read and
 //! write, as the peer `anonymous`.
 
 use std::path::Path;
@@ -37,6 +38,10 @@ pub struct Grant {
     /// When present, the only fact types a push may carry.
     #[serde(default)]
     pub types: Option<Vec<String>>,
+    /// May redrive and discard dead-lettered and poison queue entries
+    /// (`POST /v1/queues/NAME/redrive|discard`).
+    #[serde(default)]
+    pub admin: bool,
 }
 
 impl Grant {
@@ -158,6 +163,7 @@ mod tests {
             read: true,
             write: true,
             types: Some(vec!["Shop".into()]),
+            admin: false,
         }])
         .unwrap();
         assert_eq!(t.check(None), Access::Unauthorized);

@@ -446,6 +446,7 @@ pub fn tokens() -> Tokens {
             read: true,
             write: true,
             types: None,
+            admin: false,
         },
         Grant {
             name: "reader".into(),
@@ -453,6 +454,7 @@ pub fn tokens() -> Tokens {
             read: true,
             write: false,
             types: None,
+            admin: false,
         },
         Grant {
             name: "shops-only".into(),
@@ -460,6 +462,7 @@ pub fn tokens() -> Tokens {
             read: false,
             write: true,
             types: Some(vec!["Shop".into()]),
+            admin: false,
         },
     ])
     .unwrap()

@@ -33,6 +33,7 @@ pub(super) fn router(app: Arc<App>) -> Router {
         .route(wire::PATH_PULL, post(pull_with_body))
         .route(wire::PATH_FETCH, post(fetch))
         .route(wire::PATH_METRICS, get(metrics))
+        .merge(super::console::router())
         .fallback(|| async { Failure::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app)
