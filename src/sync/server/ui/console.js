@@ -175,17 +175,19 @@ function chart(minutes) {
     el('span', { class: 'f' }, '■ failed ' + minutes.reduce((a, m) => a + m.failed, 0))));
 }
 
+let flash = '';
 async function queuePage(name) {
   const q = await api('/v1/queues/' + encodeURIComponent(name));
   const s = q.stats;
-  const status = el('p', { role: 'status', id: 'action-status' });
+  // The outcome of the last action stays shown across the re-render it causes.
+  const status = el('p', { role: 'status', id: 'action-status' }, flash);
   const reasonInput = el('input', { id: 'discard-reason', name: 'reason', type: 'text', value: 'discarded from the console' });
   async function act(kind, input) {
     try {
       const body = { input };
       if (kind === 'discard') body.reason = reasonInput.value;
       const r = await api('/v1/queues/' + encodeURIComponent(name) + '/' + kind, { json: body });
-      status.textContent = kind + ': ' + short(r.input) + ' by ' + short(r[kind]);
+      flash = kind + ': ' + short(r.input) + ' by ' + short(r[kind]);
       render();
     } catch (e) {
       status.replaceChildren(errorBox(e));
@@ -373,7 +375,7 @@ function connectEvents(restart) {
   });
 }
 
-window.addEventListener('hashchange', route);
+window.addEventListener('hashchange', () => { flash = ''; route(); });
 document.addEventListener('DOMContentLoaded', () => {
   document.getElementById('signout').addEventListener('click', () => {
     sessionStorage.removeItem(TOKEN_KEY);
