@@ -25,6 +25,8 @@ mod work;
 #[cfg(feature = "server")]
 pub(crate) use pages::{ItemFilter, Minute};
 pub use typed::{QueueHandle, TypedLease};
+#[cfg(feature = "server")]
+pub(crate) use work::breaches;
 
 use serde::{Deserialize, Serialize};
 

@@ -13,7 +13,9 @@ use super::{Params, RawParams, page};
 use crate::error::Error;
 use crate::hash::FactHash;
 use crate::json::{self, JsonValue};
-use crate::queue::{Breach, ItemFilter, ItemInfo, ItemState, Minute, QueueSpec, QueueStats};
+use crate::queue::{
+    Breach, ItemFilter, ItemInfo, ItemState, Minute, QueueSpec, QueueStats, breaches,
+};
 use crate::store::Store;
 use crate::sync::server::app::{App, Failure, Need, authorize};
 use crate::sync::server::json_api::full_hash;
@@ -58,9 +60,10 @@ fn queue_rows(store: &Store, specs: Vec<QueueSpec>) -> crate::Result<Vec<QueueRo
     specs
         .into_iter()
         .map(|spec| {
+            let stats = store.queue_stats(&spec.name)?;
             Ok(QueueRow {
-                stats: store.queue_stats(&spec.name)?,
-                breaches: store.queue_check(Some(&spec.name))?,
+                breaches: breaches(&spec, &stats),
+                stats,
                 input_type: spec.input_type,
                 name: spec.name,
             })
@@ -129,11 +132,12 @@ pub(super) async fn one(
         let now = s.options().clock.now_ms();
         let since = now - (RATE_MINUTES - 1) * 60_000;
         let minutes = fill_minutes(&s.queue_minutes(&name, since)?, since, RATE_MINUTES);
+        let stats = s.queue_stats(&name)?;
         Ok(serde_json::json!({
             "name": name,
+            "breaches": breaches(&spec, &stats),
             "spec": spec,
-            "stats": s.queue_stats(&name)?,
-            "breaches": s.queue_check(Some(&name))?,
+            "stats": stats,
             "minutes": minutes,
         }))
     })
