@@ -17,11 +17,18 @@
 mod batch;
 mod controls;
 mod index;
+// The paged reads of the console's JSON endpoints (src/sync/server/console/).
+#[cfg(feature = "server")]
+mod pages;
 mod typed;
 mod work;
 
 pub use controls::{RateLimit, parse_rfc3339_ms};
+#[cfg(feature = "server")]
+pub(crate) use pages::{ItemFilter, Minute};
 pub use typed::{QueueHandle, TypedLease};
+#[cfg(feature = "server")]
+pub(crate) use work::breaches;
 
 use serde::{Deserialize, Serialize};
 

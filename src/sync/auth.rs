@@ -10,9 +10,11 @@
 //! ]}
 //! ```
 //!
-//! `read` and `write` default to `false`; `types`, when present, lists the only fact types
-//! the token may push; `work` (`true`, or a list of queue names) lets it claim and finish
-//! the inputs of queues over HTTP (`/v1/queues/...`). A server started without a token file lets every request read and
+//! `read`, `write` and `admin` default to `false`; `types`, when present, lists the only
+//! fact types the token may push; `work` (`true`, or a list of queue names) lets it claim
+//! and finish the inputs of queues over HTTP (`/v1/queues/...`); `admin` lets it redrive
+//! and discard queue entries from the console or the JSON API. A server started without a
+//! token file lets every request read and
 //! write, as the peer `anonymous`.
 
 use std::path::Path;
@@ -41,6 +43,10 @@ pub struct Grant {
     /// The queues whose inputs it may claim, extend, complete, fail and poison.
     #[serde(default)]
     pub work: Work,
+    /// May redrive and discard dead-lettered and poison queue entries
+    /// (`POST /v1/queues/NAME/redrive|discard`).
+    #[serde(default)]
+    pub admin: bool,
 }
 
 /// A token's work permission: none (the default), every queue (`true`), or the queues
@@ -188,6 +194,7 @@ mod tests {
             write: true,
             types: Some(vec!["Shop".into()]),
             work: Work::Queues(vec!["ship".into()]),
+            admin: false,
         }])
         .unwrap();
         assert_eq!(t.check(None), Access::Unauthorized);

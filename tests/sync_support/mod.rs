@@ -447,6 +447,7 @@ pub fn tokens() -> Tokens {
             write: true,
             types: None,
             work: Default::default(),
+            admin: false,
         },
         Grant {
             name: "reader".into(),
@@ -455,6 +456,7 @@ pub fn tokens() -> Tokens {
             write: false,
             types: None,
             work: Default::default(),
+            admin: false,
         },
         Grant {
             name: "shops-only".into(),
@@ -463,6 +465,7 @@ pub fn tokens() -> Tokens {
             write: true,
             types: Some(vec!["Shop".into()]),
             work: Default::default(),
+            admin: false,
         },
     ])
     .unwrap()

@@ -162,10 +162,20 @@ pub(super) struct Caller {
 pub(super) enum Need {
     Read,
     Write,
+    /// Redrive and discard queue entries (`super::console`).
+    Admin,
 }
 
 pub(super) fn authorize(app: &App, headers: &HeaderMap, need: Need) -> Result<Caller, Failure> {
-    let auth = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    let header = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    // The console's cookie stands in for the header only for reading: an EventSource
+    // cannot send a header, and nothing a cookie alone authorizes changes the store
+    // (docs/ui.md, "Tokens in a browser").
+    let cookie = match (header, need) {
+        (None, Need::Read) => super::console::cookie_token(headers),
+        _ => None,
+    };
+    let auth = header.or(cookie.as_deref());
     match app.tokens.check(auth) {
         Access::Open => Ok(Caller {
             name: "anonymous".into(),
@@ -177,12 +187,12 @@ pub(super) fn authorize(app: &App, headers: &HeaderMap, need: Need) -> Result<Ca
             "missing or unknown bearer token",
         )),
         Access::Granted(g) => {
-            let ok = match need {
-                Need::Read => g.read,
-                Need::Write => g.write,
+            let (ok, what) = match need {
+                Need::Read => (g.read, "read"),
+                Need::Write => (g.write, "write"),
+                Need::Admin => (g.admin, "administer queues"),
             };
             if !ok {
-                let what = if need == Need::Read { "read" } else { "write" };
                 return Err(Failure::new(
                     StatusCode::FORBIDDEN,
                     "forbidden",

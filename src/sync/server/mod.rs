@@ -25,6 +25,7 @@ use crate::sync::wire;
 
 mod access;
 mod app;
+mod console;
 mod http_errors;
 mod json_api;
 mod json_query;

@@ -38,6 +38,7 @@ pub(super) fn router(app: Arc<App>) -> Router {
             crate::sync::queue_wire::PATH_QUEUE_ACTION,
             post(super::queues::action),
         )
+        .merge(super::console::router())
         .fallback(|| async { Failure::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app)
