@@ -52,7 +52,14 @@ pub struct Server {
 impl Server {
     /// Starts a server on `db` and waits for the line naming its address.
     pub fn start(db: &Path) -> Server {
-        let mut child = cmd(db, &["serve", "--listen", "127.0.0.1:0"])
+        Server::start_with(db, &[])
+    }
+
+    /// Starts a server on `db` with further `serve` flags.
+    pub fn start_with(db: &Path, flags: &[&str]) -> Server {
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(flags);
+        let mut child = cmd(db, &args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
