@@ -62,7 +62,7 @@ pub struct Neighbourhood {
 
 /// Fields shown in a node's label, and characters of each value.
 const LABEL_FIELDS: usize = 3;
-const LABEL_VALUE_CHARS: usize = 32;
+const LABEL_VALUE_CHARS: usize = 40;
 
 impl Neighbourhood {
     /// The most nodes a walk gathers.

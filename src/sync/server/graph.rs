@@ -25,8 +25,18 @@ pub(super) async fn graph(
     let hash = full_hash(&hash)?;
     let (depth, format) = parse(q.as_deref())?;
     let n = app
-        .with_store(move |s| Neighbourhood::walk(s, &hash, depth))
-        .await?;
+        .with_store(move |s| match Neighbourhood::walk(s, &hash, depth) {
+            Err(crate::Error::NotFound { .. }) => Ok(None),
+            other => other.map(Some),
+        })
+        .await?
+        .ok_or_else(|| {
+            Failure::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no released fact {hash}"),
+            )
+        })?;
     let (body, kind) = match format {
         "dot" => (n.to_dot(), "text/vnd.graphviz; charset=utf-8"),
         "json" => (n.to_json().to_string(), "application/json"),
