@@ -72,6 +72,8 @@
 //!   `server`).
 //! - [`queue`]: work queues on the store: declarations, the pending index (a release
 //!   hook), leases, failures, stats.
+//! - [`graph`]: a fact's neighbourhood in the DAG (ancestors above, descendants below)
+//!   as Graphviz dot, SVG or JSON (`precedent graph`, `GET /v1/graph/HASH`).
 //! - [`sync`]: replication between nodes over HTTP: wire format, server, client, and
 //!   bookmarks and peers kept in the store.
 
@@ -83,6 +85,7 @@ pub mod dag;
 pub mod encoding;
 pub mod error;
 pub mod fact;
+pub mod graph;
 pub mod hash;
 pub mod ingest;
 pub mod json;

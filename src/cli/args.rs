@@ -122,6 +122,11 @@ pub enum Command {
     ///
     /// Example: precedent watch 'match o: Shop.Order select o.number'
     Watch(crate::cli::query::WatchArgs),
+    /// Print a fact's neighbourhood in the DAG (ancestors above, descendants below) as
+    /// Graphviz dot, SVG or JSON.
+    ///
+    /// Example: precedent graph 592a3a2d --depth 3 --format svg > fact.svg
+    Graph(crate::cli::graph::GraphArgs),
     /// Serve this database to other nodes over HTTP (sync protocol v1) until SIGINT/SIGTERM.
     Serve(crate::cli::sync::ServeArgs),
     /// Sync with a node served by `precedent serve`: pull, fetch missing ancestors, push.

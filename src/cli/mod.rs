@@ -16,6 +16,7 @@ pub mod config;
 mod demo;
 mod export;
 mod facts;
+mod graph;
 mod import;
 mod inspect;
 mod log;
@@ -139,6 +140,7 @@ impl Access {
             | Command::Verify
             | Command::Stats
             | Command::Query(_)
+            | Command::Graph(_)
             | Command::Watch(_) => true,
             Command::Held { action, .. } => action.is_none(),
             Command::Peers { action } => action.is_none(),
@@ -283,6 +285,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Demo => demo::demo(&global),
         Command::Query(a) => query::query(&global, a),
         Command::Watch(a) => query::watch(&global, a),
+        Command::Graph(a) => graph::graph(&global, a),
         Command::Serve(a) => sync::serve(&global, a),
         Command::Sync(a) => sync::sync(&global, a),
         Command::Peers { action: None } => sync::peers(&global),

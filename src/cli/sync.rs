@@ -49,6 +49,17 @@ pub struct ServeArgs {
     /// Most connections open at once.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections)]
     pub max_connections: usize,
+    /// How long a `GET /v1/watch` client may read nothing while its events wait before it
+    /// is disconnected: 10s, 1m; a bare number is seconds.
+    #[arg(long, value_name = "DUR", default_value = "10s",
+          value_parser = super::time::parse_secs_or_duration)]
+    pub sse_stall: Duration,
+    /// The longest a waiting pull, a watch (`GET /v1/watch`) or the events stream goes
+    /// without looking for new facts; commits through this server, and on PostgreSQL from
+    /// anywhere, wake them at once: 50ms, 1s.
+    #[arg(long, value_name = "DUR", default_value = "50ms",
+          value_parser = super::time::parse_secs_or_duration)]
+    pub poll_interval: Duration,
     /// Serve an address other than loopback without --tokens, letting anyone who can
     /// reach it read and write (refused without this flag).
     #[arg(long)]
@@ -143,12 +154,14 @@ pub fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<Status> {
     config.tokens = tokens;
     config.tls = a.tls_cert.zip(a.tls_key);
     config.decode_threads = super::import::threads();
+    config.poll_interval = a.poll_interval.max(Duration::from_millis(1));
     config.limits = Limits {
         max_body_bytes: a.max_body_bytes,
         max_facts_per_request: a.max_facts_per_request.max(1),
         max_held_per_peer: a.max_held_per_peer,
         request_timeout: a.request_timeout.max(Duration::from_millis(1)),
         max_connections: a.max_connections.max(1),
+        sse_stall: a.sse_stall.max(Duration::from_millis(1)),
         ..Limits::default()
     };
     let scheme = if config.tls.is_some() {

@@ -31,6 +31,13 @@ pub const PATH_PULL: &str = "/v1/pull";
 pub const PATH_FACT: &str = "/v1/facts/{hash}";
 /// `POST`: run a query ([`QueryRequest`]), its results streamed as JSON, a page at a time.
 pub const PATH_QUERY: &str = "/v1/query";
+/// `GET`: a query's results kept current, as Server-Sent Events.
+pub const PATH_WATCH: &str = "/v1/watch";
+/// `GET`: the store's figures after each commit that released facts, as Server-Sent
+/// Events.
+pub const PATH_EVENTS: &str = "/v1/events";
+/// `GET`: a fact's neighbourhood in the DAG, as SVG, dot or JSON.
+pub const PATH_GRAPH: &str = "/v1/graph/{hash}";
 /// The most roots one scoped pull may name.
 pub const MAX_ROOTS: usize = 1024;
 /// `GET`: metrics in the Prometheus text format.

@@ -17,6 +17,9 @@ use crate::sync::wire::{FramingError, ServerLimits};
 
 /// A push body is cut at this size, well under the server's default body limit.
 const MAX_BODY: usize = 8 << 20;
+/// The first and the longest nap of [`Client::follow`] after a round that found this
+/// node's database locked past the busy timeout.
+const LOCKED_NAP: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 /// Hashes asked for in one fetch.
 const FETCH: usize = 1000;
 /// Pushes after the first in one sync: each is needed only when pulling what the one
@@ -112,13 +115,26 @@ impl Client {
         stop: &AtomicBool,
         on_round: &mut dyn FnMut(&Result<SyncReport>),
     ) -> Result<()> {
+        // The nap after a round that found this node's database locked by another
+        // process (a long `import --atomic`) past the busy timeout: doubled each time,
+        // from 100 ms to 5 s, and back to the start after a round that succeeds.
+        let mut locked_nap = LOCKED_NAP.0;
         while !stop.load(Ordering::Relaxed) {
             let mut report = SyncReport::default();
             let result = self.round(store, options, wait, &mut report, &mut |_| {});
             let result = self.finish(store, options, result.map(|()| report));
             on_round(&result);
+            if result.is_ok() {
+                locked_nap = LOCKED_NAP.0;
+            }
             match result {
                 Ok(_) => {}
+                // Every page committed before the lock is kept with its bookmark; the
+                // next round starts from there.
+                Err(e) if e.is_busy() => {
+                    std::thread::sleep(locked_nap);
+                    locked_nap = (locked_nap * 2).min(LOCKED_NAP.1);
+                }
                 Err(Error::Remote { status: 401, .. }) | Err(Error::Remote { status: 403, .. }) => {
                     return result.map(|_| ());
                 }

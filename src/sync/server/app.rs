@@ -39,6 +39,8 @@ pub(super) struct App {
     pub(super) push_turn: tokio::sync::Semaphore,
     /// Threads decoding a push ([`super::ServerConfig::decode_threads`]).
     pub(super) decode_threads: usize,
+    /// The figures `GET /v1/events` sends.
+    pub(super) events: super::sse::Events,
 }
 
 impl App {

@@ -110,7 +110,7 @@ pub(super) async fn query(
 }
 
 /// The error answer for a query that failed before its first chunk.
-fn failure(e: Error) -> Failure {
+pub(super) fn failure(e: Error) -> Failure {
     match e {
         Error::Query(q) => Failure::new(
             axum::http::StatusCode::BAD_REQUEST,
@@ -131,25 +131,9 @@ fn check(bytes: &[u8], limits: &super::Limits) -> Result<Page, Failure> {
         ))
     })?;
     let query = Query::parse(&req.query).map_err(failure)?;
-    let mut givens = Givens::new();
-    for (label, hash) in &req.givens {
-        if !query.givens.iter().any(|g| &g.label.name == label) {
-            return Err(bad_request(format!("the query has no given {label}")));
-        }
-        let h =
-            full_hash(hash).map_err(|f| bad_request(format!("given {label}: {}", f.message)))?;
-        givens.insert(label.clone(), h);
-    }
-    if let Some(g) = query
-        .givens
-        .iter()
-        .find(|g| !givens.contains_key(&g.label.name))
-    {
-        return Err(bad_request(format!(
-            "given {0} is not bound: add \"{0}\": HASH to \"givens\"",
-            g.label.name
-        )));
-    }
+    let givens = bind_givens(&query, &req.givens, |l| {
+        format!("\"{l}\": HASH to \"givens\"")
+    })?;
     let max = limits.max_facts_per_request;
     if let Some(n) = req.page_size
         && (n == 0 || n > max)
@@ -176,6 +160,62 @@ fn check(bytes: &[u8], limits: &super::Limits) -> Result<Page, Failure> {
     })
 }
 
+/// Binds each given label of `query` to its hash in `given`: 400 for a label the query does
+/// not declare, a hash that is not 64 hex digits, or a declared label left unbound (`how`
+/// says how to bind it, as the endpoint names givens).
+pub(super) fn bind_givens<'a>(
+    query: &Query,
+    given: impl IntoIterator<Item = (&'a String, &'a String)>,
+    how: impl Fn(&str) -> String,
+) -> Result<Givens, Failure> {
+    let mut givens = Givens::new();
+    for (label, hash) in given {
+        if !query.givens.iter().any(|g| &g.label.name == label) {
+            return Err(bad_request(format!("the query has no given {label}")));
+        }
+        let h =
+            full_hash(hash).map_err(|f| bad_request(format!("given {label}: {}", f.message)))?;
+        givens.insert(label.clone(), h);
+    }
+    if let Some(g) = query
+        .givens
+        .iter()
+        .find(|g| !givens.contains_key(&g.label.name))
+    {
+        return Err(bad_request(format!(
+            "given {0} is not bound: add {1}",
+            g.label.name,
+            how(&g.label.name)
+        )));
+    }
+    Ok(givens)
+}
+
+/// A given bound to a released fact of another type than the query declares is a mistake,
+/// not a query with no results.
+///
+/// # Errors
+/// [`Error::WrongType`]; store errors.
+pub(super) fn check_given_types(
+    store: &Store,
+    query: &Query,
+    givens: &Givens,
+) -> crate::Result<()> {
+    for g in &query.givens {
+        let hash = givens[&g.label.name];
+        if let Some(f) = store.get(&hash)?
+            && f.type_name() != g.type_name
+        {
+            return Err(Error::WrongType {
+                hash,
+                expected: g.type_name.clone(),
+                found: f.type_name().to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The query text and givens a cursor belongs to, as 16 hex digits.
 fn query_id(req: &QueryRequest) -> String {
     let mut h = blake3::Hasher::new();
@@ -191,19 +231,7 @@ fn query_id(req: &QueryRequest) -> String {
 
 /// Runs one page and writes its answer: `{"results": [...], "count": N, "next": ...}`.
 fn run(store: &Store, page: &Page, out: &mut Answer) -> crate::Result<()> {
-    // A given of another type is a mistake, not a query with no results.
-    for g in &page.query.givens {
-        let hash = page.givens[&g.label.name];
-        if let Some(f) = store.get(&hash)?
-            && f.type_name() != g.type_name
-        {
-            return Err(Error::WrongType {
-                hash,
-                expected: g.type_name.clone(),
-                found: f.type_name().to_string(),
-            });
-        }
-    }
+    check_given_types(store, &page.query, &page.givens)?;
     // One result more than the page, to know whether another page follows.
     let want = match (page.size, page.left) {
         (Some(n), Some(l)) => Some((n + 1).min(l)),

@@ -26,12 +26,14 @@ use crate::sync::wire;
 mod access;
 mod app;
 mod console;
+mod graph;
 mod http_errors;
 mod json_api;
 mod json_query;
 mod push;
 mod queues;
 mod routes;
+mod sse;
 
 use app::App;
 use http_errors::Intercept;
@@ -57,6 +59,9 @@ pub struct Limits {
     /// Most connections open at once; one more is answered 503 `too_many_connections`
     /// and closed. Default 256.
     pub max_connections: usize,
+    /// Longest a `GET /v1/watch` client may read nothing while its events wait, before
+    /// it is disconnected (`docs/protocol.md`, "Server-Sent Events"). Default 10 s.
+    pub sse_stall: Duration,
 }
 
 impl Limits {
@@ -85,6 +90,7 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(60),
             max_wait: Duration::from_secs(30),
             max_connections: 256,
+            sse_stall: Duration::from_secs(10),
         }
     }
 }
@@ -189,6 +195,11 @@ impl Server {
     /// None in practice: accept errors are retried.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
+        let events = sse::Events::start(
+            self.store.clone(),
+            self.config.poll_interval,
+            stop_rx.clone(),
+        )?;
         let app = Arc::new(App {
             store: self.store.clone(),
             tokens: self.config.tokens.clone(),
@@ -206,6 +217,7 @@ impl Server {
             push_budget_bytes: self.config.limits.push_budget(),
             push_turn: Semaphore::new(1),
             decode_threads: self.config.decode_threads,
+            events,
         });
         let router = access::logged(router(app.clone()));
         let connections = Arc::new(Semaphore::new(self.config.limits.max_connections));

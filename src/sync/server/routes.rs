@@ -39,6 +39,9 @@ pub(super) fn router(app: Arc<App>) -> Router {
             post(super::queues::action),
         )
         .merge(super::console::router())
+        .route(wire::PATH_WATCH, get(super::sse::watch))
+        .route(wire::PATH_EVENTS, get(super::sse::events))
+        .route(wire::PATH_GRAPH, get(super::graph::graph))
         .fallback(|| async { Failure::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app)

@@ -1,0 +1,570 @@
+//! Server-Sent Events from a real `precedent serve`: `GET /v1/watch` (the snapshot as
+//! `added` events, `ready`, then added, removed and updated results after a push and after
+//! `precedent add`), `GET /v1/events` (change figures as `/v1/info` reports them), tokens,
+//! bad requests, a client that stops reading, and on PostgreSQL a push to another server
+//! on the same database.
+//!
+//! The event streams are read over a plain HTTP/1.0 connection (so the body ends when the
+//! server closes it), each read bounded by [`BOUND`].
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::bin::run_ok;
+use common::db::Db;
+use common::process::Server;
+use precedent::{Fact, Store};
+use serde_json::{Value as Json, json};
+
+/// The longest any one event may take on a loaded machine.
+const BOUND: Duration = Duration::from_secs(30);
+
+const QUERY: &str = "given s: Shop match o: Shop.Order where o->shop = s \
+    and not exists (match c: Shop.Cancel where c->order = o) \
+    select {id: o.id, carriers: [match sh: Shop.Shipment where sh->order = o select sh.carrier]}";
+
+/// What a read of an event stream gave.
+#[derive(Debug, PartialEq)]
+enum Read1 {
+    Event(String, Json),
+    Timeout,
+    /// The end of the body: `true` for a clean end (the last chunk), `false` for a cut
+    /// connection.
+    End(bool),
+}
+
+/// A response body read through HTTP/1.1's chunked transfer coding (or as it comes,
+/// when not chunked), telling a clean end from a cut one.
+struct Body {
+    tcp: TcpStream,
+    chunked: bool,
+    /// Bytes left in the current chunk; `None` before a chunk's size line.
+    left: Option<usize>,
+    clean: bool,
+}
+
+impl Body {
+    fn byte(&mut self) -> std::io::Result<Option<u8>> {
+        let mut b = [0u8];
+        Ok((self.tcp.read(&mut b)? == 1).then_some(b[0]))
+    }
+
+    /// A line of the chunked coding (size or the CRLF after a chunk); `None` at EOF.
+    fn line(&mut self) -> std::io::Result<Option<String>> {
+        let mut l = Vec::new();
+        loop {
+            match self.byte()? {
+                None => return Ok(None),
+                Some(b'\n') => return Ok(Some(String::from_utf8_lossy(&l).trim().to_string())),
+                Some(b) => l.push(b),
+            }
+        }
+    }
+}
+
+impl Read for Body {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if !self.chunked {
+            return self.tcp.read(buf);
+        }
+        if self.clean {
+            return Ok(0);
+        }
+        let left = match self.left {
+            Some(n) if n > 0 => n,
+            _ => {
+                if self.left == Some(0) && self.line()?.is_none() {
+                    return Ok(0);
+                }
+                let Some(size) = self.line()? else {
+                    return Ok(0);
+                };
+                let n = usize::from_str_radix(&size, 16)
+                    .unwrap_or_else(|_| panic!("chunk size {size:?}"));
+                if n == 0 {
+                    self.clean = true;
+                    return Ok(0);
+                }
+                n
+            }
+        };
+        let take = left.min(buf.len());
+        let got = self.tcp.read(&mut buf[..take])?;
+        self.left = Some(left - got);
+        Ok(got)
+    }
+}
+
+/// An open `text/event-stream` response, or an error answer.
+struct Stream {
+    status: u16,
+    headers: Vec<(String, String)>,
+    reader: BufReader<Body>,
+}
+
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn watch_path(query: &str, givens: &[(&str, String)]) -> String {
+    let mut p = format!("/v1/watch?query={}", encode(query));
+    for (k, v) in givens {
+        p.push_str(&format!("&{}={}", encode(k), encode(v)));
+    }
+    p
+}
+
+impl Stream {
+    fn open(url: &str, path: &str, token: Option<&str>) -> Stream {
+        let addr = url.strip_prefix("http://").unwrap();
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        write!(
+            tcp,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}\r\n"
+        )
+        .unwrap();
+        tcp.set_read_timeout(Some(BOUND)).unwrap();
+        let body = Body {
+            tcp,
+            chunked: false,
+            left: None,
+            clean: false,
+        };
+        let mut reader = BufReader::with_capacity(1, body);
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let status: u16 = line.split(' ').nth(1).unwrap().parse().unwrap();
+        let mut headers = Vec::new();
+        loop {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            let (k, v) = l.split_once(':').unwrap();
+            headers.push((k.to_ascii_lowercase(), v.trim().to_string()));
+        }
+        let chunked = headers
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+        let body = reader.into_inner();
+        let reader = BufReader::new(Body { chunked, ..body });
+        Stream {
+            status,
+            headers,
+            reader,
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The whole body of an error answer, as JSON.
+    fn error(mut self) -> Json {
+        let mut body = String::new();
+        self.reader.read_to_string(&mut body).unwrap();
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    }
+
+    /// The next event within `within`, skipping comments.
+    fn next(&mut self, within: Duration) -> Read1 {
+        let until = Instant::now() + within;
+        let (mut kind, mut data) = (None, String::new());
+        let mut line = String::new();
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Read1::Timeout;
+            }
+            self.reader
+                .get_ref()
+                .tcp
+                .set_read_timeout(Some(left))
+                .unwrap();
+            line.clear();
+            match self.reader.read_line(&mut line) {
+                Ok(0) => return Read1::End(self.reader.get_ref().clean),
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Read1::Timeout;
+                }
+                // A cut connection.
+                Err(_) => return Read1::End(false),
+            }
+            let l = line.trim_end_matches(['\r', '\n']);
+            if l.is_empty() {
+                if let Some(k) = kind.take() {
+                    let value =
+                        serde_json::from_str(&data).unwrap_or_else(|e| panic!("{e}: {data}"));
+                    return Read1::Event(k, value);
+                }
+            } else if let Some(v) = l.strip_prefix("event:") {
+                kind = Some(v.trim().to_string());
+            } else if let Some(v) = l.strip_prefix("data:") {
+                data.push_str(v.strip_prefix(' ').unwrap_or(v));
+            }
+        }
+    }
+
+    /// The next event, which must come within [`BOUND`].
+    fn expect(&mut self) -> (String, Json) {
+        match self.next(BOUND) {
+            Read1::Event(k, v) => (k, v),
+            other => panic!("expected an event within {BOUND:?}, got {other:?}"),
+        }
+    }
+
+    /// The `added` events of the snapshot, up to `ready`.
+    fn snapshot(&mut self) -> Vec<Json> {
+        let mut rows = Vec::new();
+        loop {
+            match self.expect() {
+                (k, v) if k == "added" => rows.push(v),
+                (k, v) if k == "ready" => {
+                    assert_eq!(v, json!({}));
+                    return rows;
+                }
+                other => panic!("unexpected {other:?} before ready"),
+            }
+        }
+    }
+}
+
+fn agent(token: Option<&str>) -> (ureq::Agent, Option<String>) {
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    (agent, token.map(|t| format!("Bearer {t}")))
+}
+
+fn post_json(url: &str, path: &str, body: &Json, token: Option<&str>) -> Json {
+    let (agent, auth) = agent(token);
+    let mut req = agent
+        .post(format!("{url}{path}"))
+        .header("content-type", "application/json");
+    if let Some(a) = &auth {
+        req = req.header("authorization", a);
+    }
+    let mut r = req.send(body.to_string()).unwrap();
+    assert_eq!(r.status(), 200, "{path}");
+    serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
+}
+
+fn info(url: &str, token: Option<&str>) -> Json {
+    let (agent, auth) = agent(token);
+    let mut req = agent.get(format!("{url}/v1/info"));
+    if let Some(a) = &auth {
+        req = req.header("authorization", a);
+    }
+    let mut r = req.call().unwrap();
+    serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
+}
+
+/// The query's results as `POST /v1/query` answers them.
+fn query_results(url: &str, shop: &Fact, token: Option<&str>) -> Vec<Json> {
+    let body = json!({"query": QUERY, "givens": {"s": shop.hash().to_string()}});
+    let answer = post_json(url, "/v1/query", &body, token);
+    answer["results"].as_array().unwrap().clone()
+}
+
+fn fact_json(f: &Fact) -> Json {
+    serde_json::from_str(&precedent::json::to_json(f).to_string()).unwrap()
+}
+
+fn shipment(order: &Fact, carrier: &str) -> Fact {
+    Fact::builder("Shop.Shipment")
+        .field("carrier", carrier)
+        .predecessor("order", order.hash())
+        .build()
+        .unwrap()
+}
+
+fn cancel(order: &Fact) -> Fact {
+    Fact::builder("Shop.Cancel")
+        .predecessor("order", order.hash())
+        .build()
+        .unwrap()
+}
+
+/// The next `change` event whose `seq` is at least `seq`, checked against `/v1/info`
+/// read after it.
+fn change_through(events: &mut Stream, url: &str, seq: i64) -> Json {
+    loop {
+        let (k, v) = events.expect();
+        assert_eq!(k, "change", "{v}");
+        if v["seq"].as_i64().unwrap() >= seq {
+            let i = info(url, None);
+            assert_eq!(
+                (&v["seq"], &v["facts"], &v["held"]),
+                (&i["max_seq"], &i["count"], &i["held"]),
+                "the change event's figures are /v1/info's"
+            );
+            return v;
+        }
+    }
+}
+
+#[test]
+fn a_watch_streams_its_snapshot_then_additions_updates_and_removals() {
+    let db = Db::init();
+    let shop = common::shop::shop("corner");
+    let orders: Vec<Fact> = (1..=3)
+        .map(|id| common::shop::order(&shop, "id", id))
+        .collect();
+    db.store()
+        .insert_batch(vec![shop.clone(), orders[0].clone(), orders[1].clone()])
+        .unwrap();
+    let server = Server::start(&db.path);
+    let url = server.url.clone();
+    let s = shop.hash().to_string();
+
+    let mut watch = Stream::open(&url, &watch_path(QUERY, &[("s", s.clone())]), None);
+    assert_eq!(watch.status, 200);
+    assert_eq!(watch.header("content-type"), Some("text/event-stream"));
+    let mut events = Stream::open(&url, "/v1/events", None);
+    assert_eq!(events.status, 200);
+    // The snapshot is the query's results, in its order.
+    let before = query_results(&url, &shop, None);
+    assert_eq!(before.len(), 2);
+    assert_eq!(watch.snapshot(), before);
+
+    // A push over HTTP: an addition.
+    let pushed = post_json(&url, "/v1/facts", &json!([fact_json(&orders[2])]), None);
+    assert_eq!(pushed["released"], 1, "{pushed}");
+    let (k, v) = watch.expect();
+    assert_eq!(
+        (k.as_str(), &v),
+        ("added", &json!({"id": 3, "carriers": []}))
+    );
+    let seq = info(&url, None)["max_seq"].as_i64().unwrap();
+    change_through(&mut events, &url, seq);
+
+    // `precedent add` in another process: an update (text that looks like HTML stays
+    // text in the JSON of the event), then a removal.
+    let carrier = "<script>alert(\"x\")</script>";
+    let added = shipment(&orders[0], carrier);
+    run_ok(&db.path, &["add", &fact_json(&added).to_string()], b"");
+    let (k, v) = watch.expect();
+    assert_eq!(
+        (k.as_str(), &v),
+        ("updated", &json!({"id": 1, "carriers": [carrier]}))
+    );
+    let seq2 = info(&url, None)["max_seq"].as_i64().unwrap();
+    assert!(seq2 > seq);
+    change_through(&mut events, &url, seq2);
+
+    run_ok(
+        &db.path,
+        &["add", &fact_json(&cancel(&orders[1])).to_string()],
+        b"",
+    );
+    let (k, v) = watch.expect();
+    assert_eq!(
+        (k.as_str(), &v),
+        ("removed", &json!({"id": 2, "carriers": []}))
+    );
+    // What the watch shows is what the query answers now.
+    assert_eq!(
+        query_results(&url, &shop, None),
+        vec![
+            json!({"id": 1, "carriers": [carrier]}),
+            json!({"id": 3, "carriers": []})
+        ]
+    );
+    // Nothing else was sent.
+    assert_eq!(watch.next(Duration::from_millis(300)), Read1::Timeout);
+}
+
+#[test]
+fn watch_and_events_need_read_and_bad_requests_are_400_naming_what() {
+    let db = Db::init();
+    let shop = common::shop::shop("corner");
+    db.store().insert(&shop).unwrap();
+    let tokens = db.path.with_extension("tokens.json");
+    std::fs::write(
+        &tokens,
+        json!({"tokens": [
+            {"name": "reader", "token": "r-secret", "read": true},
+            {"name": "writer", "token": "w-secret", "write": true},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let server = Server::start_with(&db.path, &["--listen", "127.0.0.1:0", "--tokens", tokens.to_str().unwrap()]);
+    let url = server.url.clone();
+    let good = watch_path(QUERY, &[("s", shop.hash().to_string())]);
+    for path in [good.as_str(), "/v1/events"] {
+        let none = Stream::open(&url, path, None);
+        assert_eq!(none.status, 401, "{path}");
+        assert_eq!(none.error()["error"], "unauthorized");
+        let writer = Stream::open(&url, path, Some("w-secret"));
+        assert_eq!(writer.status, 403, "{path}");
+        assert_eq!(writer.error()["error"], "forbidden");
+        let reader = Stream::open(&url, path, Some("r-secret"));
+        assert_eq!(reader.status, 200, "{path}");
+    }
+    let mut reader = Stream::open(&url, &good, Some("r-secret"));
+    assert_eq!(reader.snapshot(), Vec::<Json>::new());
+
+    let bad = |path: String| {
+        let s = Stream::open(&url, &path, Some("r-secret"));
+        assert_eq!(s.status, 400, "{path}");
+        s.error()
+    };
+    let e = bad(watch_path("match o: Shop.Order\nselec o", &[]));
+    assert_eq!(e["error"], "bad_query", "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("line 2, column"),
+        "{e}"
+    );
+    let e = bad(watch_path(QUERY, &[]));
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("given s is not bound"),
+        "{e}"
+    );
+    let e = bad(watch_path(QUERY, &[("s", "abc".into())]));
+    assert!(e["message"].as_str().unwrap().contains("given s"), "{e}");
+    let e = bad(watch_path(
+        QUERY,
+        &[
+            ("s", shop.hash().to_string()),
+            ("t", shop.hash().to_string()),
+        ],
+    ));
+    assert!(e["message"].as_str().unwrap().contains("no given t"), "{e}");
+    let e = bad("/v1/watch".into());
+    assert!(
+        e["message"].as_str().unwrap().contains("query is missing"),
+        "{e}"
+    );
+    // A given of another type than the query declares.
+    let order = common::shop::order(&shop, "id", 1);
+    db.store().insert(&order).unwrap();
+    let e = bad(watch_path(QUERY, &[("s", order.hash().to_string())]));
+    assert!(e["message"].as_str().unwrap().contains("Shop"), "{e}");
+}
+
+#[test]
+fn a_watch_client_that_stops_reading_is_disconnected_and_others_get_everything() {
+    const FACTS: usize = 3000;
+    let db = Db::init();
+    let shop = common::shop::shop("corner");
+    db.store().insert(&shop).unwrap();
+    let server = Server::start_with(&db.path, &["--listen", "127.0.0.1:0", "--sse-stall", "1s"]);
+    let url = server.url.clone();
+    let query = "given s: Shop match o: Shop.Order where o->shop = s select {id: o.id, pad: o.pad}";
+    let path = watch_path(query, &[("s", shop.hash().to_string())]);
+    let mut slow = Stream::open(&url, &path, None);
+    let mut reader = Stream::open(&url, &path, None);
+    assert_eq!(reader.snapshot(), Vec::<Json>::new());
+    // The reader reads as the facts come.
+    let reading = std::thread::spawn(move || {
+        for i in 0..FACTS {
+            let (k, v) = reader.expect();
+            assert_eq!((k.as_str(), v["id"].as_u64()), ("added", Some(i as u64)));
+        }
+    });
+    // About 24 MB of events, far more than the socket buffers and the watch's channel.
+    let pad = "p".repeat(8000);
+    for chunk in (0..FACTS).collect::<Vec<_>>().chunks(500) {
+        let facts: Vec<Json> = chunk
+            .iter()
+            .map(|&i| {
+                let f = Fact::builder("Shop.Order")
+                    .field("id", i as i64)
+                    .field("pad", pad.as_str())
+                    .predecessor("shop", shop.hash())
+                    .build()
+                    .unwrap();
+                fact_json(&f)
+            })
+            .collect();
+        post_json(&url, "/v1/facts", &json!(facts), None);
+    }
+    reading.join().unwrap();
+    // Long past the stall limit, the slow client reads what was buffered for it, then the
+    // connection ends: the server stopped writing to it rather than keep its events.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(slow.snapshot(), Vec::<Json>::new());
+    let mut got = 0;
+    let until = Instant::now() + BOUND;
+    loop {
+        match slow.next(BOUND) {
+            Read1::Event(k, _) => {
+                assert_eq!(k, "added");
+                got += 1;
+            }
+            Read1::End(clean) => {
+                assert!(!clean, "the stalled client's stream ended as if complete");
+                break;
+            }
+            Read1::Timeout => panic!("the stalled client was not disconnected ({got} events)"),
+        }
+        assert!(
+            Instant::now() < until,
+            "reading the stalled client's events took too long"
+        );
+    }
+    assert!(got < FACTS, "the stalled client got all {got} events");
+    // The server goes on serving: a new watch gets every result.
+    let mut again = Stream::open(&url, &path, None);
+    assert_eq!(again.snapshot().len(), FACTS);
+}
+
+#[test]
+fn on_postgres_a_push_to_another_server_reaches_this_server_s_watchers() {
+    let Some(pg) = common::pg::db() else { return };
+    let url_db = Path::new(&pg.url);
+    let shop = common::shop::shop("corner");
+    let order = common::shop::order(&shop, "id", 1);
+    Store::open(&pg.url).unwrap().insert(&shop).unwrap();
+    // Server a looks for new facts only when woken: within the bound, only the
+    // notification of server b's commit can wake it.
+    let a = Server::start_with(url_db, &["--listen", "127.0.0.1:0", "--poll-interval", "1h"]);
+    let b = Server::start(url_db);
+    let mut watch = Stream::open(
+        &a.url,
+        &watch_path(QUERY, &[("s", shop.hash().to_string())]),
+        None,
+    );
+    let mut events = Stream::open(&a.url, "/v1/events", None);
+    assert_eq!(watch.snapshot(), Vec::<Json>::new());
+    // A moment for server a's listener to be listening: a push before that is still
+    // found, by the poll, and the test proves less.
+    std::thread::sleep(Duration::from_millis(500));
+    post_json(&b.url, "/v1/facts", &json!([fact_json(&order)]), None);
+    let (k, v) = watch.expect();
+    assert_eq!(
+        (k.as_str(), &v),
+        ("added", &json!({"id": 1, "carriers": []}))
+    );
+    let seq = info(&b.url, None)["max_seq"].as_i64().unwrap();
+    change_through(&mut events, &a.url, seq);
+}
