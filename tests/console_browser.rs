@@ -11,11 +11,6 @@
 //! - keyboard: Tab reaches the controls, buttons are buttons, inputs have labels, and a
 //!   search runs from the keyboard alone.
 //!
-//! Two assertions need the endpoints of the graph and events work (`GET /v1/graph/HASH`,
-//! `GET /v1/events`), which are merged from another branch: each is marked `MERGE-CHECK`.
-//! While the server answers 404 there, the test prints a loud `PENDING` line and leaves
-//! that one assertion out, except under `CI`, where it fails.
-//!
 //! Without `chromium` and `chromedriver` (the distribution's `chromium` and
 //! `chromium-driver`, which `.ci/run` installs) the test prints `SKIPPED` and passes,
 //! except under `CI`, where it fails. Screenshots are saved to `target/ui-screenshots/`.
@@ -138,37 +133,6 @@ async fn eval(c: &Client, script: &str) -> serde_json::Value {
     c.execute(script, vec![]).await.unwrap()
 }
 
-/// Whether the server answers `path` with anything but 404: the merged endpoints.
-fn served(server: &Server, path: &str) -> bool {
-    let addr = server.url.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).unwrap();
-    use std::io::{Read, Write};
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut head = [0u8; 12];
-    let _ = s.read_exact(&mut head);
-    &head[9..12] != b"404"
-}
-
-/// Whether a `MERGE-CHECK` assertion can run; a loud line when it cannot.
-fn merged(server: &Server, path: &str, what: &str) -> bool {
-    if served(server, path) {
-        return true;
-    }
-    assert!(
-        !under_ci(),
-        "MERGE-CHECK: {what} needs {path}, which answers 404"
-    );
-    eprintln!(
-        "PENDING: {path} answers 404 (not merged yet); the MERGE-CHECK of {what} is left out"
-    );
-    false
-}
-
 /// The facts of the test: a shop, one order dead-lettered in queue `ship`, a note with
 /// HTML in its field naming the shop, and an order held for an absent shop.
 struct World {
@@ -257,9 +221,9 @@ async fn cases(c: &Client, server: &Server, db: &Db, w: &World) {
     let ui = format!("{}/ui/", server.url);
     overview_counts(c, &ui, db).await;
     html_renders_as_text(c, &ui, w).await;
-    fact_page(c, server, w).await;
+    fact_page(c, w).await;
     redrive(c, &ui, db, w).await;
-    live_update(c, server, &ui, db).await;
+    live_update(c, &ui, db).await;
     keyboard(c, &ui, w).await;
 }
 
@@ -296,7 +260,7 @@ async fn html_renders_as_text(c: &Client, ui: &str, w: &World) {
     screenshot(c, "html-as-text").await;
 }
 
-async fn fact_page(c: &Client, server: &Server, w: &World) {
+async fn fact_page(c: &Client, w: &World) {
     // The note's page is open: its predecessor is the shop, a link.
     let shop = w.shop.hash().to_string();
     let link = format!("#predecessors a[href=\"#/facts/{shop}\"]");
@@ -323,24 +287,22 @@ async fn fact_page(c: &Client, server: &Server, w: &World) {
         .await
         .unwrap();
     assert!(alt.is_some_and(|a| !a.is_empty()));
-    if merged(server, &src, "the neighbourhood picture") {
-        // MERGE-CHECK: the picture loads (GET /v1/graph/HASH?format=svg).
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let width = eval(
-                c,
-                "const i = document.getElementById('graph'); return i.complete ? i.naturalWidth : -1",
-            )
-            .await;
-            if width.as_i64().unwrap_or(0) > 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "MERGE-CHECK: the graph did not load ({width})"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    // The picture loads (GET /v1/graph/HASH?format=svg).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let width = eval(
+            c,
+            "const i = document.getElementById('graph'); return i.complete ? i.naturalWidth : -1",
+        )
+        .await;
+        if width.as_i64().unwrap_or(0) > 0 {
+            break;
         }
+        assert!(
+            Instant::now() < deadline,
+            "the graph did not load ({width})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Following the link shows the shop, whose successors list the order and the note.
     c.find(Locator::Css(&link))
@@ -390,7 +352,7 @@ async fn redrive(c: &Client, ui: &str, db: &Db, w: &World) {
     wait_text(c, "#q-completed", |t| t == "1").await;
 }
 
-async fn live_update(c: &Client, server: &Server, ui: &str, db: &Db) {
+async fn live_update(c: &Client, ui: &str, db: &Db) {
     c.goto(&format!("{ui}#/")).await.unwrap();
     let (facts, _) = db.store().count_and_max_seq().unwrap();
     wait_text(c, "#count-facts", |t| t == facts.to_string()).await;
@@ -398,13 +360,11 @@ async fn live_update(c: &Client, server: &Server, ui: &str, db: &Db) {
         "add",
         r#"{"type": "Shop", "fields": {"name": "added live"}}"#,
     ]);
-    if merged(server, "/v1/events", "the live update") {
-        // MERGE-CHECK: the count changes without a reload (GET /v1/events).
-        let want = (facts + 1).to_string();
-        wait_text(c, "#count-facts", |t| t == want).await;
-        wait_text(c, "#live", |t| t == "live").await;
-        screenshot(c, "live").await;
-    }
+    // The count changes without a reload (GET /v1/events).
+    let want = (facts + 1).to_string();
+    wait_text(c, "#count-facts", |t| t == want).await;
+    wait_text(c, "#live", |t| t == "live").await;
+    screenshot(c, "live").await;
 }
 
 async fn keyboard(c: &Client, ui: &str, w: &World) {
