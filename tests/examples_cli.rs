@@ -175,7 +175,11 @@ fn check_finishing(sandbox: &Sandbox, line: &str) {
         out.status.code()
     );
     assert!(!stderr.contains("warning:"), "{line:?}: {stderr}");
-    if listed(SILENT, line).is_none() {
+    if let Some((_, file)) = line.rsplit_once(" > ") {
+        // What a redirected example prints goes to its file.
+        let written = std::fs::read(sandbox.dir.path().join(file.trim())).unwrap_or_default();
+        assert!(!written.is_empty(), "{line:?} wrote nothing to {file}");
+    } else if listed(SILENT, line).is_none() {
         assert!(!stdout.trim().is_empty(), "{line:?} printed nothing");
     }
     if line.contains("precedent query") {
