@@ -414,7 +414,15 @@ fn watch_and_events_need_read_and_bad_requests_are_400_naming_what() {
         .to_string(),
     )
     .unwrap();
-    let server = Server::start_with(&db.path, &["--listen", "127.0.0.1:0", "--tokens", tokens.to_str().unwrap()]);
+    let server = Server::start_with(
+        &db.path,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--tokens",
+            tokens.to_str().unwrap(),
+        ],
+    );
     let url = server.url.clone();
     let good = watch_path(QUERY, &[("s", shop.hash().to_string())]);
     for path in [good.as_str(), "/v1/events"] {
@@ -547,7 +555,10 @@ fn on_postgres_a_push_to_another_server_reaches_this_server_s_watchers() {
     Store::open(&pg.url).unwrap().insert(&shop).unwrap();
     // Server a looks for new facts only when woken: within the bound, only the
     // notification of server b's commit can wake it.
-    let a = Server::start_with(url_db, &["--listen", "127.0.0.1:0", "--poll-interval", "1h"]);
+    let a = Server::start_with(
+        url_db,
+        &["--listen", "127.0.0.1:0", "--poll-interval", "1h"],
+    );
     let b = Server::start(url_db);
     let mut watch = Stream::open(
         &a.url,
