@@ -642,3 +642,76 @@ fn a_killed_remote_cli_workers_inputs_are_offered_again_when_its_leases_end() {
         "{items}"
     );
 }
+
+/// Claims until an input comes, each claim waiting up to 500 ms; at most 20 claims.
+fn claim_one(q: &RemoteQueue) -> precedent::sync::client::RemoteLease {
+    for _ in 0..20 {
+        if let Some(l) = q.claim(1, Duration::from_millis(500)).unwrap().pop() {
+            return l;
+        }
+    }
+    panic!("nothing offered within 20 claims");
+}
+
+#[test]
+fn a_failure_with_a_retry_delay_is_not_offered_again_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // The queue's own backoff is 1 to 5 ms: only the delay asked for holds the input back.
+    let (db, inputs) = hub(dir.path(), 1, "30s");
+    let server = Serve::start(&db, "127.0.0.1:0", &[]);
+    let q = queue(&server.url, None);
+    let lease = q.claim(1, Duration::ZERO).unwrap().pop().unwrap();
+    let failed = q
+        .fail_not_before(&[(&lease.id, "busy", Duration::from_millis(600))])
+        .unwrap();
+    assert_eq!(failed[0].outcome.as_deref(), Some("retry"), "{failed:?}");
+    let at = failed[0].retry_at_ms.unwrap();
+    // The lease was claimed before the failure, on the hub's clock.
+    let claimed_at = lease.expires_at_ms - lease.lease_ms;
+    assert!(
+        at >= claimed_at + 600,
+        "retry at {at}, claimed at {claimed_at}"
+    );
+    assert!(q.claim(1, Duration::ZERO).unwrap().is_empty());
+    let back = claim_one(&q);
+    assert_eq!((back.input.hash(), back.attempt), (inputs[0].hash(), 2));
+}
+
+#[test]
+fn a_remote_cli_handler_exiting_75_gets_the_retry_delay_it_asks_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, inputs) = hub(dir.path(), 1, "30s");
+    let server = Serve::start(&db, "127.0.0.1:0", &[]);
+    let nowhere = dir.path().join("absent.db");
+    // First attempt: ask for 3 s. Without the delay the queue's 1 ms backoff would hand
+    // the input out again at once, and --once would run it a second time.
+    let handler = r#"cat >/dev/null; echo '{"retry_after": "3s"}'; exit 75"#;
+    let out = cmd(
+        &nowhere,
+        &[
+            "work",
+            "ship",
+            "--remote",
+            &server.url,
+            "--once",
+            "--",
+            "sh",
+            "-c",
+            handler,
+        ],
+    )
+    .stdin(Stdio::null())
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let q = queue(&server.url, None);
+    assert!(q.claim(1, Duration::ZERO).unwrap().is_empty());
+    let s = stats(db.to_str().unwrap());
+    assert_eq!(s["failed"], 1, "{s}");
+    let back = claim_one(&q);
+    assert_eq!((back.input.hash(), back.attempt), (inputs[0].hash(), 2));
+}

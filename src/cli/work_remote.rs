@@ -92,20 +92,20 @@ impl Hub {
         }
     }
 
-    /// Fails (transient) or poisons one lease.
+    /// Fails (transient, retried no sooner than `retry_after` when given) or poisons one
+    /// lease.
     pub(super) fn fail(
         &self,
         lease: &RemoteLease,
         reason: &str,
         poison: bool,
+        retry_after: Option<Duration>,
     ) -> Result<LeaseResult> {
         let items = [(lease.id.as_str(), reason)];
-        let mut r = self.retrying("fail", || {
-            if poison {
-                self.queue.poison(&items)
-            } else {
-                self.queue.fail(&items, false)
-            }
+        let mut r = self.retrying("fail", || match (poison, retry_after) {
+            (true, _) => self.queue.poison(&items),
+            (false, Some(after)) => self.queue.fail_not_before(&[(&lease.id, reason, after)]),
+            (false, None) => self.queue.fail(&items, false),
         })?;
         Ok(r.remove(0))
     }
@@ -241,7 +241,15 @@ fn handle(
             }
             Err(reason) => (reason, false),
         },
-        Some(75) => (with_err("exit 75 (retry later)".into()), false),
+        Some(75) => {
+            let reason = with_err("exit 75 (retry later)".into());
+            let (reason, after) = match super::work::retry_after_line(&stdout) {
+                Ok(after) => (reason, after),
+                Err(bad) => (format!("{reason}; {bad}"), None),
+            };
+            let after = after.map(|ms| Duration::from_millis(ms.max(0) as u64));
+            return failed(hub, lease, &short, &reason, false, after);
+        }
         Some(65) => (with_err("exit 65 (poison)".into()), true),
         Some(c) => (with_err(format!("exit {c}")), false),
         None => (
@@ -249,7 +257,19 @@ fn handle(
             false,
         ),
     };
-    let r = hub.fail(lease, &reason, poison)?;
+    failed(hub, lease, &short, &reason, poison, None)
+}
+
+/// Fails or poisons one lease; one line for the log.
+fn failed(
+    hub: &Hub,
+    lease: &RemoteLease,
+    short: &str,
+    reason: &str,
+    poison: bool,
+    retry_after: Option<Duration>,
+) -> anyhow::Result<String> {
+    let r = hub.fail(lease, reason, poison, retry_after)?;
     Ok(match (r.ok, r.outcome.as_deref()) {
         (true, Some("retry")) => format!("{short} retry: {reason}"),
         (true, Some("dead")) => format!("{short} dead-lettered: {reason}"),

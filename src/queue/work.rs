@@ -408,6 +408,30 @@ impl Writer<'_> {
         Ok(())
     }
 
+    /// Fails a leased input, a transient failure retried no sooner than `delay_ms` from
+    /// now (see [`Store::fail_not_before`]).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held.
+    pub fn fail_not_before(
+        &mut self,
+        lease: &Lease,
+        failure: &Failure,
+        delay_ms: i64,
+    ) -> Result<FailOutcome> {
+        match self.fail(lease, failure)? {
+            FailOutcome::Retry { at_ms } => {
+                let at_ms = at_ms.max(self.now_ms().saturating_add(delay_ms.max(0)));
+                self.sql().execute(
+                    "UPDATE queue_item SET claimable_at = ?3 WHERE queue_id = ?1 AND input = ?2",
+                    args![lease.queue_id, lease.seq, at_ms],
+                )?;
+                Ok(FailOutcome::Retry { at_ms })
+            }
+            other => Ok(other),
+        }
+    }
+
     /// Fails a leased input (see [`Store::fail`]).
     ///
     /// # Errors
@@ -902,17 +926,7 @@ impl Store {
         failure: Failure,
         delay_ms: i64,
     ) -> Result<FailOutcome> {
-        self.write(|w| match w.fail(lease, &failure)? {
-            FailOutcome::Retry { at_ms } => {
-                let at_ms = at_ms.max(w.now_ms().saturating_add(delay_ms.max(0)));
-                w.sql().execute(
-                    "UPDATE queue_item SET claimable_at = ?3 WHERE queue_id = ?1 AND input = ?2",
-                    args![lease.queue_id, lease.seq, at_ms],
-                )?;
-                Ok(FailOutcome::Retry { at_ms })
-            }
-            other => Ok(other),
-        })
+        self.write(|w| w.fail_not_before(lease, &failure, delay_ms))
     }
 
     /// Gives a leased input back without counting the attempt (a worker shutting down

@@ -112,6 +112,10 @@ pub struct FailItem {
     /// Dead-letter now instead of retrying after the queue's backoff. Default false.
     #[serde(default)]
     pub permanent: bool,
+    /// A transient failure: offer the input again no sooner than this many ms from now
+    /// (or after the queue's backoff, if that is later). Default none: the backoff alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 /// One input declared poison.

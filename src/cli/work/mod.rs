@@ -17,6 +17,8 @@ mod process;
 mod protocol;
 mod spawn;
 
+pub(in crate::cli) use protocol::retry_after_line;
+
 use spawn::{command, describe_status, kill_group};
 
 use std::io::{Read, Write};

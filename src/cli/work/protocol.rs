@@ -148,7 +148,7 @@ fn retry_after(v: &JsonValue) -> Result<Option<i64>, String> {
 /// Process-per-input mode: the delay a command that exits 75 asks for, in the last
 /// non-empty line of its stdout, `{"retry_after":"30s"}`. None if that line is not a
 /// JSON object with `retry_after`.
-pub(super) fn retry_after_line(stdout: &[u8]) -> Result<Option<i64>, String> {
+pub(in crate::cli) fn retry_after_line(stdout: &[u8]) -> Result<Option<i64>, String> {
     let text = String::from_utf8_lossy(stdout);
     let Some(last) = text.lines().rev().find(|l| !l.trim().is_empty()) else {
         return Ok(None);

@@ -206,6 +206,23 @@ impl RemoteQueue {
             lease: id.to_string(),
             reason: reason.to_string(),
             permanent,
+            retry_after_ms: None,
+        });
+        self.batch("fail", leases.collect())
+    }
+
+    /// Records transient failures, `(lease, reason, delay)`, each input offered again no
+    /// sooner than its delay from now (or after the queue's backoff, if that is later),
+    /// as [`crate::Store::fail_not_before`].
+    ///
+    /// # Errors
+    /// As [`RemoteQueue::complete`].
+    pub fn fail_not_before(&self, items: &[(&str, &str, Duration)]) -> Result<Vec<LeaseResult>> {
+        let leases = items.iter().map(|(id, reason, delay)| FailItem {
+            lease: id.to_string(),
+            reason: reason.to_string(),
+            permanent: false,
+            retry_after_ms: Some(delay.as_millis().min(u64::MAX as u128) as u64),
         });
         self.batch("fail", leases.collect())
     }

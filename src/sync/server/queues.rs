@@ -73,14 +73,15 @@ pub(super) async fn action(
                 } else {
                     Attempt::Transient(i.reason)
                 };
-                (i.lease, f)
+                let after = i.retry_after_ms.map(|ms| ms.min(i64::MAX as u64) as i64);
+                (i.lease, f, after)
             });
             fail(&app, queue, &key, items.collect()).await?
         }
         _ => {
             let b: Batch<PoisonItem> = parse(&bytes, "poison", POISON_SHAPE)?;
             let items = b.leases.into_iter();
-            let items = items.map(|i| (i.lease, Attempt::Poison(i.reason)));
+            let items = items.map(|i| (i.lease, Attempt::Poison(i.reason), None));
             fail(&app, queue, &key, items.collect()).await?
         }
     };
@@ -90,7 +91,8 @@ pub(super) async fn action(
 const CLAIM_SHAPE: &str = r#"{"n": N, "wait_ms": MS}"#;
 const COMPLETE_SHAPE: &str = r#"{"leases": [{"lease": ID, "facts": [FACT, ...]}, ...]}"#;
 const EXTEND_SHAPE: &str = r#"{"leases": [{"lease": ID}, ...]}"#;
-const FAIL_SHAPE: &str = r#"{"leases": [{"lease": ID, "reason": TEXT, "permanent": BOOL}, ...]}"#;
+const FAIL_SHAPE: &str =
+    r#"{"leases": [{"lease": ID, "reason": TEXT, "permanent": BOOL, "retry_after_ms": MS}, ...]}"#;
 const POISON_SHAPE: &str = r#"{"leases": [{"lease": ID, "reason": TEXT}, ...]}"#;
 
 /// Parses a body, or 400 saying what shape it should have and where it went wrong.
@@ -409,25 +411,30 @@ async fn extend(
     .await
 }
 
-/// Fails or poisons the leases of a batch in one transaction.
+/// Fails or poisons the leases of a batch in one transaction, a transient failure with a
+/// retry delay offered again no sooner than that.
 async fn fail(
     app: &Arc<App>,
     queue: String,
     key: &LeaseKey,
-    items: Vec<(String, Attempt)>,
+    items: Vec<(String, Attempt, Option<i64>)>,
 ) -> Result<Vec<LeaseResult>, Failure> {
     let parts = open_all(app, &queue, key, items.iter().map(|i| i.0.as_str()))?;
     app.with_store(move |s| {
         let leases = rebuild(s, &queue, &parts)?;
         s.write(|w| {
             let mut out = Vec::with_capacity(items.len());
-            for ((id, failure), lease) in items.iter().zip(&leases) {
+            for ((id, failure, after), lease) in items.iter().zip(&leases) {
                 let Some(lease) = lease else {
                     out.push(lost(id));
                     continue;
                 };
                 let mut r = LeaseResult::ok(id);
-                match w.fail(lease, failure) {
+                let outcome = match after {
+                    Some(ms) => w.fail_not_before(lease, failure, *ms),
+                    None => w.fail(lease, failure),
+                };
+                match outcome {
                     Ok(FailOutcome::Retry { at_ms }) => {
                         r.outcome = Some("retry".into());
                         r.retry_at_ms = Some(at_ms);
