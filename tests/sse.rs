@@ -400,6 +400,60 @@ fn a_watch_streams_its_snapshot_then_additions_updates_and_removals() {
 }
 
 #[test]
+fn clients_of_one_query_share_its_events_and_a_late_client_gets_the_results_of_then() {
+    let db = Db::init();
+    let shop = common::shop::shop("corner");
+    let orders: Vec<Fact> = (1..=4)
+        .map(|id| common::shop::order(&shop, "id", id))
+        .collect();
+    db.store()
+        .insert_batch(vec![shop.clone(), orders[0].clone()])
+        .unwrap();
+    let server = Server::start(&db.path);
+    let url = server.url.clone();
+    let path = watch_path(QUERY, &[("s", shop.hash().to_string())]);
+    let mut a = Stream::open(&url, &path, None);
+    let mut b = Stream::open(&url, &path, None);
+    let first = vec![json!({"id": 1, "carriers": []})];
+    assert_eq!(a.snapshot(), first);
+    assert_eq!(b.snapshot(), first);
+    post_json(&url, "/v1/facts", &json!([fact_json(&orders[1])]), None);
+    let added = ("added".to_string(), json!({"id": 2, "carriers": []}));
+    assert_eq!(a.expect(), added);
+    assert_eq!(b.expect(), added);
+    let carrier = "north";
+    post_json(
+        &url,
+        "/v1/facts",
+        &json!([
+            fact_json(&shipment(&orders[0], carrier)),
+            fact_json(&cancel(&orders[1]))
+        ]),
+        None,
+    );
+    // A client joining now sees the results of now, then what changes after.
+    let mut late = Stream::open(&url, &path, None);
+    let now = late.snapshot();
+    assert_eq!(now, query_results(&url, &shop, None));
+    assert_eq!(now, vec![json!({"id": 1, "carriers": [carrier]})]);
+    let changes: Vec<(String, Json)> = vec![a.expect(), a.expect()];
+    assert_eq!(vec![b.expect(), b.expect()], changes);
+    post_json(&url, "/v1/facts", &json!([fact_json(&orders[2])]), None);
+    let added = ("added".to_string(), json!({"id": 3, "carriers": []}));
+    for s in [&mut a, &mut b, &mut late] {
+        assert_eq!(s.expect(), added);
+    }
+    // When every client has left, a new one still gets the results.
+    drop((a, b, late));
+    std::thread::sleep(Duration::from_millis(300));
+    post_json(&url, "/v1/facts", &json!([fact_json(&orders[3])]), None);
+    let mut again = Stream::open(&url, &path, None);
+    let now = again.snapshot();
+    assert_eq!(now, query_results(&url, &shop, None));
+    assert_eq!(now.len(), 3);
+}
+
+#[test]
 fn watch_and_events_need_read_and_bad_requests_are_400_naming_what() {
     let db = Db::init();
     let shop = common::shop::shop("corner");

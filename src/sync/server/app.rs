@@ -41,6 +41,8 @@ pub(super) struct App {
     pub(super) decode_threads: usize,
     /// The figures `GET /v1/events` sends.
     pub(super) events: super::sse::Events,
+    /// The shared watches of `GET /v1/watch`.
+    pub(super) watches: super::fanout::Watches,
 }
 
 impl App {

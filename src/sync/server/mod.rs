@@ -26,6 +26,7 @@ use crate::sync::wire;
 mod access;
 mod app;
 mod console;
+mod fanout;
 mod graph;
 mod http_errors;
 mod json_api;
@@ -218,6 +219,7 @@ impl Server {
             push_turn: Semaphore::new(1),
             decode_threads: self.config.decode_threads,
             events,
+            watches: fanout::Watches::default(),
         });
         let router = access::logged(router(app.clone()));
         let connections = Arc::new(Semaphore::new(self.config.limits.max_connections));

@@ -2,16 +2,18 @@
 //! `GET /v1/events`, the store's figures after each commit that released facts
 //! (`docs/protocol.md`, "Server-Sent Events").
 //!
-//! A watch client has a thread of its own, as [`crate::query::Watch::spawn`] does: it
-//! runs the query once (the snapshot, sent as `added` events, then `ready`), then polls
-//! at each wake-up of the store ([`Store::wait_for_wake`]: a commit through this server
-//! and, on PostgreSQL, a commit from any process on the database, by `LISTEN`/`NOTIFY`)
-//! and at least every poll interval (another process's write to a SQLite file). Its
-//! events go through a channel of [`WATCH_BUFFER`]; the response body takes them as fast
-//! as the client reads. A client that reads nothing for [`super::Limits::sse_stall`]
-//! while the channel is full is disconnected: its thread ends and the body is cut, so a
-//! client that stops reading costs at most the channel, the socket buffers and a while,
-//! never memory that grows with what is written.
+//! A watch client joins the shared watch of its query text and givens
+//! ([`super::fanout`]): one thread per distinct query runs it once (the snapshot), then
+//! polls at each wake-up of the store ([`Store::wait_for_wake`]: a commit through this
+//! server and, on PostgreSQL, a commit from any process on the database, by
+//! `LISTEN`/`NOTIFY`) and at least every poll interval (another process's write to a
+//! SQLite file), at most once per 50 ms. Each change is serialised once and queued for
+//! every client; a client joining later takes its snapshot from the shared results. A
+//! client that reads nothing for [`super::Limits::sse_stall`] while [`WATCH_BUFFER`]
+//! events or more wait for it is disconnected, and so is one more than
+//! [`super::fanout::QUEUE_LIMIT`] events behind: its queue is dropped and the body is
+//! cut, so a client that stops reading costs at most a bounded queue of pointers to shared
+//! events, the socket buffers and a while, never memory that grows with what is written.
 //!
 //! The figures of `/v1/events` are read by one thread for every client, and only while
 //! some client listens: at each wake-up it reads the highest release number, and when it
@@ -24,22 +26,20 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
 use serde::Serialize;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use super::app::{App, Failure, Need, authorize};
-use super::json_query::{bind_givens, check_given_types, failure};
+use super::fanout::{Client, Setup};
+use super::json_query::{bind_givens, failure};
 use super::routes::bad_request;
-use crate::error::Error;
-use crate::query::{Change, Givens, Query, Stop};
+use crate::query::{Givens, Query};
 use crate::store::Store;
 
 /// How often a quiet stream sends `: keep-alive`.
@@ -180,56 +180,34 @@ impl EventsClient {
     }
 }
 
-/// What a watch thread hands to its response body.
-enum Msg {
-    Event(Event),
-    Fail(Failure),
-}
-
-/// `GET /v1/watch?query=TEXT&NAME=HASH...`.
+/// `GET /v1/watch?query=TEXT&NAME=HASH...`: joins the shared watch of the query
+/// ([`super::fanout`]).
 pub(super) async fn watch(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     uri: Uri,
 ) -> Result<Response, Failure> {
     authorize(&app, &headers, Need::Read)?;
-    let (query, givens) = parse_watch(uri.query())?;
-    let (tx, rx) = mpsc::channel::<Msg>(WATCH_BUFFER);
-    let stop = Arc::new(AtomicBool::new(false));
-    let stalled = Arc::new(AtomicBool::new(false));
-    let job = WatchJob {
+    let (key, query, givens) = parse_watch(uri.query())?;
+    let setup = Setup {
         store: app.store.clone(),
-        query,
-        givens,
-        tx,
-        stop: stop.clone(),
-        stalled: stalled.clone(),
-        stall: app.limits.sse_stall,
         poll: app.poll,
-        rt: tokio::runtime::Handle::current(),
-    };
-    std::thread::Builder::new()
-        .name("precedent-sse-watch".into())
-        .spawn(move || job.run())
-        .map_err(|e| Failure::internal(format!("cannot start a watch: {e}")))?;
-    // Made first, so that the thread is stopped however this request ends.
-    let mut body = WatchBody {
-        rx,
-        stop,
-        stalled,
+        stall: app.limits.sse_stall,
         shutdown: app.shutdown.clone(),
     };
-    // The first event decides the status: an error before it is an error answer.
-    let first = match body.rx.recv().await {
-        Some(Msg::Event(e)) => e,
-        Some(Msg::Fail(f)) => return Err(f),
-        None => return Err(Failure::internal("the watch stopped at once".into())),
+    let joining = app.clone();
+    let client =
+        tokio::task::spawn_blocking(move || joining.watches.join(&setup, key, &query, &givens))
+            .await
+            .map_err(|e| Failure::internal(format!("worker failed: {e}")))??;
+    let body = WatchBody {
+        client,
+        shutdown: app.shutdown.clone(),
     };
-    let rest = futures_util::stream::unfold(body, |mut b| async move {
+    let stream = futures_util::stream::unfold(body, |mut b| async move {
         let item = b.next().await?;
         Some((item, b))
     });
-    let stream = futures_util::stream::once(async move { Ok(first) }).chain(rest);
     Ok(sse(stream))
 }
 
@@ -246,7 +224,7 @@ where
 
 /// Reads `query=TEXT` and the givens `NAME=HASH` from a query string: 400 naming what is
 /// wrong (a query text that does not parse names its line and column).
-fn parse_watch(raw: Option<&str>) -> Result<(Query, Givens), Failure> {
+fn parse_watch(raw: Option<&str>) -> Result<(String, Query, Givens), Failure> {
     let pairs: Vec<(String, String)> = match raw {
         None => Vec::new(),
         Some(q) => {
@@ -276,100 +254,16 @@ fn parse_watch(raw: Option<&str>) -> Result<(Query, Givens), Failure> {
     })?;
     let query = Query::parse(&text).map_err(failure)?;
     let givens = bind_givens(&query, &named, |l| format!("{l}=HASH to the URL"))?;
-    Ok((query, givens))
+    // The shared watch's key: the text as given and the givens in name order.
+    let key = format!("{text}\0{:?}", givens.iter().collect::<BTreeMap<_, _>>());
+    Ok((key, query, givens))
 }
 
-/// A watch's thread: the snapshot, `ready`, then each change.
-struct WatchJob {
-    store: Arc<Store>,
-    query: Query,
-    givens: Givens,
-    tx: mpsc::Sender<Msg>,
-    stop: Arc<AtomicBool>,
-    stalled: Arc<AtomicBool>,
-    stall: Duration,
-    poll: Duration,
-    rt: tokio::runtime::Handle,
-}
-
-impl WatchJob {
-    fn run(self) {
-        if let Err(e) = check_given_types(&self.store, &self.query, &self.givens) {
-            self.send(Msg::Fail(failure(e)));
-            return;
-        }
-        let started = self.store.watch_each(&self.query, &self.givens, |row| {
-            if self.send(row_event("added", &row.value)) {
-                Ok(())
-            } else {
-                Err(Error::Io(std::io::ErrorKind::BrokenPipe.into()))
-            }
-        });
-        let mut watch = match started {
-            Ok(w) => w,
-            Err(e) => {
-                self.send(Msg::Fail(failure(e)));
-                return;
-            }
-        };
-        watch.interval = self.poll;
-        if !self.send(Msg::Event(Event::default().event("ready").data("{}"))) {
-            return;
-        }
-        for change in watch.changes(&self.store, Stop::when(self.stop.clone())) {
-            let msg = match change {
-                Ok(Change::Added(r)) => row_event("added", &r.value),
-                Ok(Change::Removed(r)) => row_event("removed", &r.value),
-                Ok(Change::Updated(r)) => row_event("updated", &r.value),
-                Err(e) => {
-                    tracing::warn!("watch: {e}");
-                    Msg::Fail(Failure::from(e))
-                }
-            };
-            if !self.send(msg) {
-                return;
-            }
-        }
-    }
-
-    /// Hands `msg` to the body; `false` when the client is gone or has read nothing for
-    /// the stall limit while the channel was full (then it is marked stalled).
-    fn send(&self, msg: Msg) -> bool {
-        let msg = match self.tx.try_send(msg) {
-            Ok(()) => return true,
-            Err(mpsc::error::TrySendError::Closed(_)) => return false,
-            Err(mpsc::error::TrySendError::Full(m)) => m,
-        };
-        // The timer is made inside the runtime: this thread is not one of its own.
-        let sent = self
-            .rt
-            .block_on(async { tokio::time::timeout(self.stall, self.tx.send(msg)).await });
-        match sent {
-            Ok(r) => r.is_ok(),
-            Err(_) => {
-                tracing::warn!(
-                    "watch: client read nothing for {:?} with {WATCH_BUFFER} events waiting; disconnected",
-                    self.stall
-                );
-                self.stalled.store(true, Ordering::Release);
-                false
-            }
-        }
-    }
-}
-
-fn row_event(kind: &'static str, value: &crate::query::Projected) -> Msg {
-    let data = serde_json::to_string(&value.to_json()).expect("a result serialises");
-    Msg::Event(Event::default().event(kind).data(data))
-}
-
-/// The body's end of a watch: stops the thread when dropped; cut (an error, so the
-/// connection closes without a clean end) when the thread failed or gave up on a stalled
-/// client.
+/// The body's end of a watch: leaves the shared watch when dropped; cut (an error, so
+/// the connection closes without a clean end) when the watch failed or gave up on a
+/// stalled client.
 struct WatchBody {
-    rx: mpsc::Receiver<Msg>,
-    stop: Arc<AtomicBool>,
-    stalled: Arc<AtomicBool>,
+    client: Arc<Client>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -378,23 +272,19 @@ impl WatchBody {
         if *self.shutdown.borrow() {
             return None;
         }
-        let msg = tokio::select! {
-            m = self.rx.recv() => m,
+        let got = tokio::select! {
+            m = self.client.next() => m?,
             _ = self.shutdown.changed() => return None,
         };
-        match msg {
-            Some(Msg::Event(e)) => Some(Ok(e)),
-            Some(Msg::Fail(f)) => Some(Err(std::io::Error::other(f.message))),
-            None if self.stalled.swap(false, Ordering::AcqRel) => {
-                Some(Err(std::io::Error::other("client too slow: disconnected")))
-            }
-            None => None,
-        }
+        Some(match got {
+            Ok(item) => Ok(Event::default().event(item.0).data(&item.1)),
+            Err(why) => Err(std::io::Error::other(why)),
+        })
     }
 }
 
 impl Drop for WatchBody {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.client.leave();
     }
 }
