@@ -175,9 +175,14 @@ fn check_finishing(sandbox: &Sandbox, line: &str) {
         out.status.code()
     );
     assert!(!stderr.contains("warning:"), "{line:?}: {stderr}");
-    if let Some((_, file)) = line.rsplit_once(" > ") {
-        // What a redirected example prints goes to its file.
-        let written = std::fs::read(sandbox.dir.path().join(file.trim())).unwrap_or_default();
+    // A line ending in `> FILE` (a plain word, not a comparison inside a query's quotes)
+    // redirects what it prints to FILE.
+    let redirect = line
+        .rsplit_once(" > ")
+        .map(|(_, file)| file.trim())
+        .filter(|file| !file.is_empty() && !file.contains([' ', '\'', '"']));
+    if let Some(file) = redirect {
+        let written = std::fs::read(sandbox.dir.path().join(file)).unwrap_or_default();
         assert!(!written.is_empty(), "{line:?} wrote nothing to {file}");
     } else if listed(SILENT, line).is_none() {
         assert!(!stdout.trim().is_empty(), "{line:?} printed nothing");
