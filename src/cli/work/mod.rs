@@ -70,8 +70,8 @@ pub struct WorkArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub timeout: Option<i64>,
     /// Work on the queue of the hub at this URL (`precedent serve`) instead of a local
-    /// database.
-    #[arg(long, value_name = "URL")]
+    /// database (a command per input: not with --process or --timeout yet).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["process", "timeout"])]
     pub remote: Option<String>,
     /// Bearer token for --remote.
     #[arg(long, env = "PRECEDENT_TOKEN", hide_env_values = true)]
