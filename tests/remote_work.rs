@@ -606,6 +606,16 @@ fn a_waiting_claim_gets_an_input_that_arrives_while_it_waits() {
     assert_eq!(got[0].input.hash(), late.hash());
 }
 
+/// Whether process `pid` is gone (or a zombie, which runs nothing).
+fn handler_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
 #[test]
 fn a_killed_remote_cli_workers_inputs_are_offered_again_when_its_leases_end() {
     let dir = tempfile::tempdir().unwrap();
@@ -613,6 +623,7 @@ fn a_killed_remote_cli_workers_inputs_are_offered_again_when_its_leases_end() {
     let server = Serve::start(&db, "127.0.0.1:0", &[]);
     let dbs = db.to_str().unwrap().to_string();
     // A worker whose handler hangs, killed with SIGKILL once it holds every input.
+    let pidfile = dir.path().join("handler.pid");
     let mut stuck = cmd(
         &db,
         &[
@@ -623,10 +634,12 @@ fn a_killed_remote_cli_workers_inputs_are_offered_again_when_its_leases_end() {
             "--batch",
             "3",
             "--",
-            "sleep",
-            "3",
+            "sh",
+            "-c",
+            r#"echo $$ > "$PIDFILE"; exec sleep 30"#,
         ],
     )
+    .env("PIDFILE", &pidfile)
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     .stderr(Stdio::null())
@@ -638,7 +651,25 @@ fn a_killed_remote_cli_workers_inputs_are_offered_again_when_its_leases_end() {
         assert!(rounds < 400, "the worker never claimed: {}", stats(&dbs));
         std::thread::sleep(Duration::from_millis(25));
     }
+    let mut rounds = 0;
+    while !pidfile.exists() {
+        rounds += 1;
+        assert!(rounds < 400, "the handler never started");
+        std::thread::sleep(Duration::from_millis(25));
+    }
     common::process::kill(&mut stuck);
+    // Its handler dies with it (PR_SET_PDEATHSIG), not left running.
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let mut rounds = 0;
+    while !handler_gone(pid) {
+        rounds += 1;
+        assert!(rounds < 400, "handler {pid} outlived its killed worker");
+        std::thread::sleep(Duration::from_millis(25));
+    }
     // Other workers get the inputs once the leases end, and complete each once.
     let mut rounds = 0;
     while stats(&dbs)["completed"] != 3 {

@@ -17,8 +17,8 @@
 //! The calls sit behind [`Hub`], so that other ways of running handlers can share it.
 
 use std::io::{Read, Write};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, ExitStatus, Stdio};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -325,16 +325,15 @@ fn run_command(
     lease: &RemoteLease,
     waiting: &[RemoteLease],
 ) -> anyhow::Result<(ExitStatus, Vec<u8>, Vec<u8>)> {
-    let (program, rest) = a.command.split_first().expect("clap requires COMMAND");
-    let mut child = Command::new(program)
-        .args(rest)
+    let program = &a.command[0];
+    // The local worker's handler command: its own process group, killed with the worker.
+    let mut child = super::work::handler_command(a)
         .env("PRECEDENT_INPUT_HASH", lease.input.hash().to_string())
         .env("PRECEDENT_ATTEMPT", lease.attempt.to_string())
         .env("PRECEDENT_QUEUE", &lease.queue)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .spawn()
         .map_err(|e| CliFailure::error(exit::INVALID, format!("cannot run {program}: {e}")))?;
     let mut input = json::to_json(&lease.input).to_string();

@@ -19,6 +19,7 @@ mod spawn;
 
 pub(in crate::cli) use protocol::retry_after_line;
 
+pub(in crate::cli) use spawn::handler_command;
 use spawn::{command, describe_status, kill_group};
 
 use std::io::{Read, Write};

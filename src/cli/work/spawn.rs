@@ -4,21 +4,23 @@
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus};
 
-use super::Shared;
+use super::{Shared, WorkArgs};
 
 /// The handler command, with its environment, in a process group of its own (a Ctrl-C
 /// at the terminal stops the worker's claiming, not the commands it lets finish; a
 /// timeout kills the whole group), and killed if the worker dies (Linux).
 pub(super) fn command(sh: &Shared) -> Command {
-    let (program, rest) = sh
-        .args
-        .command
-        .split_first()
-        .expect("clap requires COMMAND");
+    let mut cmd = handler_command(&sh.args);
+    cmd.env("PRECEDENT_DB", &sh.db);
+    cmd
+}
+
+/// [`command`] without a database: for a worker whose queue is on a remote hub.
+pub(in crate::cli) fn handler_command(args: &WorkArgs) -> Command {
+    let (program, rest) = args.command.split_first().expect("clap requires COMMAND");
     let mut cmd = Command::new(program);
     cmd.args(rest)
-        .env("PRECEDENT_QUEUE", &sh.args.queue)
-        .env("PRECEDENT_DB", &sh.db)
+        .env("PRECEDENT_QUEUE", &args.queue)
         .process_group(0);
     #[cfg(target_os = "linux")]
     {
