@@ -110,14 +110,6 @@ fn remote(url: &str, n: u64, workers: usize, batch: usize) -> f64 {
     })
 }
 
-/// The 1-minute load average, for the record.
-fn load_average() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(f64::NAN)
-}
-
 fn main() {
     let n = env_num("PRECEDENT_BENCH_REMOTE_N").unwrap_or(20_000);
     let batch = env_num("PRECEDENT_BENCH_REMOTE_BATCH").unwrap_or(500) as usize;
@@ -132,7 +124,7 @@ fn main() {
     let (local, hub) = (dir.path().join("local.db"), dir.path().join("hub.db"));
     load(&local, n);
     load(&hub, n);
-    let load_before = load_average();
+    let load_before = common::load_average();
     let floor_rate = floor(&local, n, workers, batch);
     let (mut child, url) = serve(&hub);
     let remote_rate = remote(&url, n, workers, batch);
@@ -142,6 +134,6 @@ fn main() {
         "remote_work: {n} inputs, {workers} workers, batch {batch}: local {floor_rate:.0}/s, \
          remote {remote_rate:.0}/s, remote/local {:.2}; load average {load_before:.2} before, {:.2} after",
         remote_rate / floor_rate,
-        load_average()
+        common::load_average()
     );
 }

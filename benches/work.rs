@@ -41,13 +41,6 @@ fn setup(path: &Path, n: usize) {
     store.declare_queue(&shop_facts::spec()).unwrap();
 }
 
-fn load_average() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(f64::NAN)
-}
-
 /// Runs `precedent work ship --once` with `args` on a fresh database of `n` orders and
 /// checks that every input was completed.
 fn cli_phase(dir: &Path, name: &str, n: usize, args: &[&str]) -> Json {
@@ -102,7 +95,7 @@ fn phase(name: &str, n: usize, secs: f64) -> Json {
         "inputs": n,
         "secs": (secs * 1000.0).round() / 1000.0,
         "per_sec": (n as f64 / secs).round(),
-        "load_average": load_average(),
+        "load_average": common::load_average(),
     });
     eprintln!("{r}");
     r
@@ -140,7 +133,7 @@ fn main() {
         "process_python_over_per_input": (rate(&process) / rate(&per_input) * 10.0).round() / 10.0,
         "process_shell_over_per_input": (rate(&shell) / rate(&per_input) * 10.0).round() / 10.0,
         "process_python_over_library": (rate(&process) / rate(&library) * 100.0).round() / 100.0,
-        "load_average": load_average(),
+        "load_average": common::load_average(),
     });
     eprintln!("{ratios}");
 }

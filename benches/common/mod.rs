@@ -11,6 +11,14 @@ use std::time::Duration;
 /// The `precedent` binary of this build.
 pub const BIN: &str = env!("CARGO_BIN_EXE_precedent");
 
+/// The 1-minute load average, for the record: other work on the machine moves the figures.
+pub fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
+}
+
 /// A whole number from the environment (`_` allowed as a separator), if set.
 pub fn env_num(name: &str) -> Option<u64> {
     std::env::var(name)
