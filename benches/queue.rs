@@ -11,7 +11,9 @@
 //! - `PRECEDENT_BENCH_QUEUE_PROBE`: fresh inputs whose claims are timed in the latency
 //!   phases (default 1,000).
 //! - `PRECEDENT_BENCH_DURABILITY`: `full` or `normal`, both sides (default: the store's, full).
-//! - `PRECEDENT_BENCH_QUEUE_PHASES`: `throughput`, `latency` or both (the default).
+//! - `PRECEDENT_BENCH_QUEUE_PHASES`: any of `throughput`, `latency` and `priority`
+//!   (default `throughput,latency`).
+//! - `PRECEDENT_BENCH_QUEUE_BACKLOG`: ready inputs in the priority phase (default 100,000).
 //! - `PRECEDENT_BENCH_QUEUE_MODES`: a comma-separated list of the throughput modes to run
 //!   (`1w-single`, `1w-batch`, `2w-single`, `2w-batch`, `1w-batch-complete`,
 //!   `2w-batch-complete`; default all), each as its floor and ours in turn.
@@ -456,6 +458,56 @@ fn latency_phases(dir: &Path, history: u64, probe: u64) -> (Json, Json) {
     (empty_meta, full_meta)
 }
 
+/// The priority phase: two stores with `backlog` ready orders each, one queue ordered by
+/// a priority field (the order's `id`, all distinct, so a claim must find the highest)
+/// and one without; `probe` claims timed on each, alternating claim by claim. The plain
+/// queue is the floor: a prioritized claim should cost about what a plain one does,
+/// whatever the backlog.
+fn priority_phases(dir: &Path, backlog: u64, probe: u64) -> (Json, Json) {
+    let setup = |name: &str, prioritized: bool| {
+        let store = Store::open_with(dir.join(format!("{name}.db")), options()).unwrap();
+        let mut spec = spec();
+        if prioritized {
+            spec.priority_field = Some("id".into());
+        }
+        store.declare_queue(&spec).unwrap();
+        load(&store, 0, backlog, false);
+        assert_eq!(store.queue_stats("ship").unwrap().ready, backlog);
+        store
+    };
+    let plain = setup("claim-backlog-plain", false);
+    let prioritized = setup("claim-backlog-priority", true);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for k in 0..probe {
+        a.push(timed_claim(&plain).expect("a ready input"));
+        let t = Instant::now();
+        let leases = prioritized.claim("ship", 1).unwrap();
+        b.push(t.elapsed().as_secs_f64() * 1e6);
+        // The highest priority first: the orders were stored with ids 0..backlog.
+        let lease = leases.into_iter().next().expect("a ready input");
+        assert_eq!(
+            lease.input.field("id"),
+            Some(&precedent::Value::Integer(i128::from(backlog - 1 - k)))
+        );
+        prioritized
+            .complete(&lease, |w| {
+                w.insert(&lease.completion().field("by", "bench").build()?)
+            })
+            .unwrap();
+    }
+    let meta = |name: &str, times| {
+        let mut m = json!({ "phase": name, "backlog": backlog });
+        for (k, v) in summary(times).as_object().unwrap() {
+            m[k] = v.clone();
+        }
+        m
+    };
+    (
+        meta("claim-backlog-plain", a),
+        meta("claim-backlog-priority", b),
+    )
+}
+
 /// The 1-minute load average, for the record: other work on the machine moves the figures.
 fn load_average() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
@@ -469,6 +521,7 @@ fn main() {
     let n = env_u64("PRECEDENT_BENCH_QUEUE_N", 20_000);
     let history = env_u64("PRECEDENT_BENCH_QUEUE_HISTORY", 1_000_000);
     let probe = env_u64("PRECEDENT_BENCH_QUEUE_PROBE", 1_000);
+    let backlog = env_u64("PRECEDENT_BENCH_QUEUE_BACKLOG", 100_000);
     let phases = std::env::var("PRECEDENT_BENCH_QUEUE_PHASES")
         .unwrap_or_else(|_| "throughput,latency".into());
     let dir = tempfile::tempdir().unwrap();
@@ -529,6 +582,15 @@ fn main() {
         None
     };
 
+    let priority = if phases.contains("priority") {
+        let (plain, prioritized) = priority_phases(d, backlog, probe);
+        run(plain.clone());
+        run(prioritized.clone());
+        Some((plain, prioritized))
+    } else {
+        None
+    };
+
     let rate = |name: &str| {
         results
             .iter()
@@ -563,6 +625,13 @@ fn main() {
         ratios.insert(
             "claim p50, completed history / empty".into(),
             p50_ratio.into(),
+        );
+    }
+    if let Some((plain, prioritized)) = &priority {
+        let r = prioritized["p50_us"].as_f64().unwrap() / plain["p50_us"].as_f64().unwrap();
+        ratios.insert(
+            format!("claim p50 at a backlog of {backlog}, priority / plain"),
+            r.into(),
         );
     }
     println!("{:<40} {:>12}", "phase", "per second");

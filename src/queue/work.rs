@@ -645,9 +645,10 @@ impl LeaseCheck {
 /// there the parameters are hidden from the planner (`?N + 0`; it looks through `+?N`),
 /// which would otherwise prepare the statement again at every claim.
 ///
-/// A queue with a priority field orders by priority first (higher first): those claims
-/// read every claimable row of the queue and sort them, where the others walk the
-/// claimable index in order (`docs/performance.md`, "Queue controls").
+/// A queue with a priority field orders by priority first (higher first), walking the
+/// index `queue_item_priority` in that order; the others walk `queue_item_claimable`.
+/// Either way a claim reads about the rows it takes, whatever the backlog
+/// (`docs/performance.md`, "Queue controls").
 fn claim_sql(dialect: Dialect, prioritized: bool) -> &'static str {
     macro_rules! pg {
         ($($order:literal)?) => {
@@ -658,9 +659,9 @@ fn claim_sql(dialect: Dialect, prioritized: bool) -> &'static str {
         };
     }
     macro_rules! sqlite {
-        ($($order:literal)?) => {
+        ($($index:literal, $order:literal)?) => {
             concat!("SELECT i.input, i.state, i.attempts, i.first_attempt_at, f.hash, f.bytes, i.claimable_at
-                 FROM queue_item i LEFT JOIN fact f ON f.seq = i.input
+                 FROM queue_item i ", $($index,)? "LEFT JOIN fact f ON f.seq = i.input
                  WHERE i.queue_id = ?1 + 0 AND i.claimable_at <= ?2 + 0
                  ORDER BY ", $($order,)? "i.claimable_at, i.input LIMIT ?3 + 0")
         };
@@ -669,7 +670,9 @@ fn claim_sql(dialect: Dialect, prioritized: bool) -> &'static str {
         (Dialect::Postgres, false) => pg!(),
         (Dialect::Postgres, true) => pg!("i.priority DESC, "),
         (_, false) => sqlite!(),
-        (_, true) => sqlite!("i.priority DESC, "),
+        // Named: without statistics SQLite prefers the claimable index's range and
+        // sorts the whole backlog.
+        (_, true) => sqlite!("INDEXED BY queue_item_priority ", "i.priority DESC, "),
     }
 }
 

@@ -45,6 +45,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/005_edge_types.sql"),
     include_str!("../../../schema/006_store_identity.sql"),
     include_str!("../../../schema/007_queue_controls.sql"),
+    include_str!("../../../schema/008_queue_priority.sql"),
 ];
 
 /// Brings a `held` set written before `001_initial.sql` gained row ids (databases of
