@@ -5,11 +5,14 @@
 //! one run, in rounds that alternate
 //! - **0 clients**, and
 //! - **100 clients**: 50 on `GET /v1/events` and 50 on `GET /v1/watch` of the shop's
-//!   orders (each reading and counting every event),
+//!   orders (an events client counts its events; a watch client counts the results in
+//!   its events' arrays, with a scan of the bytes that finds the array's top-level
+//!   commas rather than a JSON tree),
 //!
 //! so that a change in the machine's load hits both alike. It prints the median rate of
 //! each and their ratio (the target: 100 clients slow the writer by no more than 10%),
-//! and the events the clients received (so a client that got nothing is seen).
+//! and what the clients received. After each round every watch client must have received
+//! exactly the round's facts as results (none lost, none twice), or the bench fails.
 //!
 //! Settings, from the environment:
 //! - `PRECEDENT_BENCH_N`: facts pushed per round (default 20,000).
@@ -47,30 +50,89 @@ fn encode(s: &str) -> String {
         .collect()
 }
 
-/// A client reading an event stream until `stop`, counting `event:` lines.
+/// Counts what an event stream holds, a line at a time: the events (`event:` lines) and
+/// the results in the arrays of `data: [...]` lines (top-level commas, outside strings,
+/// plus one for a non-empty array).
+#[derive(Default)]
+struct Counter {
+    line: Vec<u8>,
+    events: u64,
+    results: u64,
+}
+
+impl Counter {
+    fn feed(&mut self, bytes: &[u8]) {
+        for part in bytes.split_inclusive(|&b| b == b'\n') {
+            self.line.extend_from_slice(part);
+            if part.ends_with(b"\n") {
+                self.count_line();
+                self.line.clear();
+            }
+        }
+    }
+
+    fn count_line(&mut self) {
+        if self.line.starts_with(b"event: ") {
+            self.events += 1;
+        }
+        let Some(array) = self.line.strip_prefix(b"data: [") else {
+            return;
+        };
+        let (mut depth, mut in_string, mut escaped, mut any) = (0usize, false, false, false);
+        for &b in array {
+            if in_string {
+                match b {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' => depth += 1,
+                b']' | b'}' if depth == 0 => break,
+                b']' | b'}' => depth -= 1,
+                b',' if depth == 0 => self.results += 1,
+                _ if b.is_ascii_whitespace() => continue,
+                _ => {}
+            }
+            any = true;
+        }
+        if any {
+            self.results += 1;
+        }
+    }
+}
+
+/// A client reading an event stream until `stop` (or until it has `want` results, then
+/// it goes on reading until `stop`), publishing its counts in `events` and `results`.
 fn client(
     url: &str,
     path: String,
     stop: Arc<AtomicBool>,
     events: Arc<AtomicU64>,
+    results: Arc<AtomicU64>,
 ) -> JoinHandle<()> {
     let addr = url.strip_prefix("http://").unwrap().to_string();
     std::thread::spawn(move || {
         let mut tcp = TcpStream::connect(&addr).unwrap();
-        write!(
-            tcp,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
+        // HTTP/1.0: the body comes as it is, without the chunked coding's size lines.
+        write!(tcp, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
         tcp.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         let mut buf = vec![0u8; 64 * 1024];
+        let mut counter = Counter::default();
+        let mut published = (0, 0);
         while !stop.load(Ordering::Relaxed) {
             match tcp.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    let seen = buf[..n].windows(7).filter(|w| w == b"event: ").count();
-                    events.fetch_add(seen as u64, Ordering::Relaxed);
+                    counter.feed(&buf[..n]);
+                    events.fetch_add(counter.events - published.0, Ordering::Relaxed);
+                    results.fetch_add(counter.results - published.1, Ordering::Relaxed);
+                    published = (counter.events, counter.results);
                 }
                 Err(_) => {}
             }
@@ -122,6 +184,7 @@ fn main() {
     let mut next = n / 4;
     let (mut bare, mut listened) = (Vec::new(), Vec::new());
     let events = Arc::new(AtomicU64::new(0));
+    let mut results_total = 0;
     for r in 1..=rounds {
         let shop = &shops[r];
         let watch = format!(
@@ -132,6 +195,8 @@ fn main() {
         bare.push(write(&agent, &url, &shops[0], next, n));
         next += n;
         let stop = Arc::new(AtomicBool::new(false));
+        // Results received, one counter per watch client.
+        let mut results = Vec::new();
         let clients: Vec<_> = (0..CLIENTS)
             .map(|i| {
                 let events_client = match kind.as_str() {
@@ -144,18 +209,37 @@ fn main() {
                 } else {
                     watch.clone()
                 };
-                client(&url, path, stop.clone(), events.clone())
+                let mine = Arc::new(AtomicU64::new(0));
+                if !events_client {
+                    results.push(mine.clone());
+                }
+                client(&url, path, stop.clone(), events.clone(), mine)
             })
             .collect();
         // Connected (their snapshots are empty) before the writer starts.
         std::thread::sleep(Duration::from_secs(1));
         listened.push(write(&agent, &url, shop, next, n));
         next += n;
+        // Every watch client gets each of the round's facts as one result, and nothing
+        // more: wait (bounded) for the last of them, then a moment for any extra.
+        let got = |results: &[Arc<AtomicU64>]| -> Vec<u64> {
+            results.iter().map(|r| r.load(Ordering::Relaxed)).collect()
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        while got(&results).iter().any(|&g| g < n as u64) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         std::thread::sleep(Duration::from_millis(500));
         stop.store(true, Ordering::Relaxed);
         for c in clients {
             c.join().unwrap();
         }
+        let got = got(&results);
+        assert!(
+            got.iter().all(|&g| g == n as u64),
+            "round {r}: the watch clients received {got:?} results, not {n} each"
+        );
+        results_total += got.iter().sum::<u64>();
     }
     let (b, l) = (median(bare), median(listened));
     println!("sse: {n} facts per round, {rounds} rounds of each, pushes of {BATCH}");
@@ -163,7 +247,7 @@ fn main() {
     println!("  writer, {CLIENTS} clients: {l:>9.0} facts/s (median; clients: {kind})");
     println!("  ratio (0 clients / 100 clients): {:.3}", b / l);
     println!(
-        "  events received by the clients: {}",
+        "  events received by the clients: {}; results in the watches' events: {results_total}",
         events.load(Ordering::Relaxed)
     );
     let _ = server.kill();

@@ -1,6 +1,6 @@
 //! Server-Sent Events from a real `precedent serve`: `GET /v1/watch` (the snapshot as
 //! `added` events, `ready`, then added, removed and updated results after a push and after
-//! `precedent add`), `GET /v1/events` (change figures as `/v1/info` reports them), tokens,
+//! `precedent add`, each event an array of results, none lost, repeated or reordered), `GET /v1/events` (change figures as `/v1/info` reports them), tokens,
 //! bad requests, a client that stops reading, and on PostgreSQL a push to another server
 //! on the same database.
 //!
@@ -9,6 +9,7 @@
 
 mod common;
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -104,6 +105,10 @@ struct Stream {
     status: u16,
     headers: Vec<(String, String)>,
     reader: BufReader<Body>,
+    /// The results of a watch's last event not yet taken, with its kind.
+    pending: VecDeque<(String, Json)>,
+    /// The events read so far.
+    events: usize,
 }
 
 fn encode(s: &str) -> String {
@@ -167,6 +172,8 @@ impl Stream {
             status,
             headers,
             reader,
+            pending: VecDeque::new(),
+            events: 0,
         }
     }
 
@@ -184,8 +191,30 @@ impl Stream {
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
     }
 
-    /// The next event within `within`, skipping comments.
+    /// The next result within `within`, as `(kind, result)`: a watch's `added`, `removed`
+    /// and `updated` events each hold a non-empty array of results, taken one at a time;
+    /// any other event (`ready`, `change`) as it is.
     fn next(&mut self, within: Duration) -> Read1 {
+        if let Some((k, v)) = self.pending.pop_front() {
+            return Read1::Event(k, v);
+        }
+        match self.next_event(within) {
+            Read1::Event(k, v) if ["added", "removed", "updated"].contains(&k.as_str()) => {
+                let rows = v
+                    .as_array()
+                    .unwrap_or_else(|| panic!("a {k} event's data is not an array: {v}"));
+                assert!(!rows.is_empty(), "a {k} event without results");
+                self.pending
+                    .extend(rows.iter().map(|r| (k.clone(), r.clone())));
+                let (k, v) = self.pending.pop_front().unwrap();
+                Read1::Event(k, v)
+            }
+            other => other,
+        }
+    }
+
+    /// The next event within `within`, skipping comments.
+    fn next_event(&mut self, within: Duration) -> Read1 {
         let until = Instant::now() + within;
         let (mut kind, mut data) = (None, String::new());
         let mut line = String::new();
@@ -219,6 +248,7 @@ impl Stream {
                 if let Some(k) = kind.take() {
                     let value =
                         serde_json::from_str(&data).unwrap_or_else(|e| panic!("{e}: {data}"));
+                    self.events += 1;
                     return Read1::Event(k, value);
                 }
             } else if let Some(v) = l.strip_prefix("event:") {
@@ -229,7 +259,7 @@ impl Stream {
         }
     }
 
-    /// The next event, which must come within [`BOUND`].
+    /// The next result (or other event), which must come within [`BOUND`].
     fn expect(&mut self) -> (String, Json) {
         match self.next(BOUND) {
             Read1::Event(k, v) => (k, v),
@@ -453,6 +483,105 @@ fn clients_of_one_query_share_its_events_and_a_late_client_gets_the_results_of_t
     assert_eq!(now.len(), 3);
 }
 
+/// The ids of `rows`, each `added`.
+fn added_ids(rows: &[(String, Json)]) -> Vec<u64> {
+    rows.iter()
+        .map(|(k, v)| {
+            assert_eq!(k, "added", "{v}");
+            v.as_u64().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn batched_events_carry_every_result_once_and_in_order() {
+    const PUSHES: u64 = 10;
+    const PER_PUSH: u64 = 200;
+    let db = Db::init();
+    let shop = common::shop::shop("corner");
+    db.store().insert(&shop).unwrap();
+    let server = Server::start(&db.path);
+    let url = server.url.clone();
+    let query = "given s: Shop match o: Shop.Order where o->shop = s \
+        and not exists (match c: Shop.Cancel where c->order = o) select o.id";
+    let path = watch_path(query, &[("s", shop.hash().to_string())]);
+    let orders: Vec<Fact> = (0..PUSHES * PER_PUSH + PER_PUSH)
+        .map(|id| common::shop::order(&shop, "id", id as i64))
+        .collect();
+    let push = |facts: &[Fact]| {
+        let body: Vec<Json> = facts.iter().map(fact_json).collect();
+        let pushed = post_json(&url, "/v1/facts", &json!(body), None);
+        assert_eq!(pushed["released"], facts.len(), "{pushed}");
+    };
+    let mut early = Stream::open(&url, &path, None);
+    assert_eq!(early.snapshot(), Vec::<Json>::new());
+    let events_before = early.events;
+    // Pushes one after the other, without waiting for the watch; a client joins halfway.
+    let mut late = None;
+    for (i, chunk) in orders[..(PUSHES * PER_PUSH) as usize]
+        .chunks(PER_PUSH as usize)
+        .enumerate()
+    {
+        push(chunk);
+        if i as u64 == PUSHES / 2 {
+            late = Some(Stream::open(&url, &path, None));
+        }
+    }
+    let all: Vec<u64> = (0..PUSHES * PER_PUSH).collect();
+    let got: Vec<(String, Json)> = (0..all.len()).map(|_| early.expect()).collect();
+    assert_eq!(added_ids(&got), all, "every result once, in release order");
+    // A push commits at once and a poll reads whole commits, so a push's results come in
+    // one event at most: the changes of a poll are one event, not one per result.
+    let events = early.events - events_before;
+    assert!(
+        (1..=PUSHES as usize).contains(&events),
+        "{} results came in {events} events",
+        all.len()
+    );
+    // The late client: the results of when it joined, then each later one once, in order.
+    let mut late = late.unwrap();
+    let mut snapshot: Vec<u64> = late
+        .snapshot()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    snapshot.sort_unstable();
+    let k = snapshot.len();
+    assert!(
+        k as u64 >= (PUSHES / 2 + 1) * PER_PUSH,
+        "{k} results in the snapshot"
+    );
+    assert_eq!(snapshot, all[..k]);
+    let rest: Vec<(String, Json)> = (k..all.len()).map(|_| late.expect()).collect();
+    assert_eq!(added_ids(&rest), all[k..]);
+
+    // One push that cancels 50 orders and adds 50: a `removed` event and an `added` event,
+    // each result once.
+    let mut mixed: Vec<Fact> = orders[..50].iter().map(cancel).collect();
+    let fresh = &orders[(PUSHES * PER_PUSH) as usize..][..50];
+    mixed.extend(fresh.iter().cloned());
+    push(&mixed);
+    for s in [&mut early, &mut late] {
+        let before = s.events;
+        let mut got: Vec<(String, u64)> = (0..100)
+            .map(|_| {
+                let (k, v) = s.expect();
+                (k, v.as_u64().unwrap())
+            })
+            .collect();
+        assert_eq!(s.events - before, 2, "{got:?}");
+        got.sort();
+        let mut want: Vec<(String, u64)> = (0..50)
+            .map(|i| ("removed".to_string(), i))
+            .chain((0..50).map(|i| ("added".to_string(), PUSHES * PER_PUSH + i)))
+            .collect();
+        want.sort();
+        assert_eq!(got, want);
+        // Nothing else: no result sent twice.
+        assert_eq!(s.next(Duration::from_millis(300)), Read1::Timeout);
+    }
+}
+
 #[test]
 fn watch_and_events_need_read_and_bad_requests_are_400_naming_what() {
     let db = Db::init();
@@ -587,14 +716,14 @@ fn a_watch_client_that_stops_reading_is_disconnected_and_others_get_everything()
                 assert!(!clean, "the stalled client's stream ended as if complete");
                 break;
             }
-            Read1::Timeout => panic!("the stalled client was not disconnected ({got} events)"),
+            Read1::Timeout => panic!("the stalled client was not disconnected ({got} results)"),
         }
         assert!(
             Instant::now() < until,
             "reading the stalled client's events took too long"
         );
     }
-    assert!(got < FACTS, "the stalled client got all {got} events");
+    assert!(got < FACTS, "the stalled client got all {got} results");
     // The server goes on serving: a new watch gets every result.
     let mut again = Stream::open(&url, &path, None);
     assert_eq!(again.snapshot().len(), FACTS);

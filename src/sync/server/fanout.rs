@@ -1,6 +1,8 @@
 //! One shared watch per distinct query of `GET /v1/watch` (its text and givens): the
 //! query is polled once per wake-up of the store whatever the number of its clients, and
-//! each change is serialised once and handed to every client as shared text.
+//! the changes of a poll are built once into the bytes of their events (one event per run
+//! of changes of one kind, an array of results) and handed to every client as shared
+//! bytes: no client does any work per result.
 //!
 //! A shared watch has a thread of its own. It waits for a wake-up ([`Store::wait_for_wake`])
 //! or the poll interval, lets at least [`LEAST_GAP`] pass since its last poll (so a burst of
@@ -10,9 +12,9 @@
 //! every change after that point, as a client of its own watch would.
 //!
 //! A client's queue holds pointers to shared events. A client whose queue holds
-//! [`WATCH_BUFFER`] events or more and that has read nothing for the stall limit is cut:
+//! [`WATCH_BUFFER`] results or more and that has read nothing for the stall limit is cut:
 //! its queue is dropped and its body ends with an error. A queue never holds more than
-//! [`QUEUE_LIMIT`] events: a client so far behind is cut at once. The shared watch ends
+//! [`QUEUE_LIMIT`] results: a client so far behind is cut at once. The shared watch ends
 //! when its last client leaves.
 
 use std::collections::{HashMap, VecDeque};
@@ -20,21 +22,49 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tokio::sync::{Notify, watch};
 
 use super::app::Failure;
 use super::json_query::{check_given_types, failure};
 use super::sse::WATCH_BUFFER;
-use crate::query::{Change, Givens, Query, Watch};
+use crate::query::{Change, Givens, Query, QueryRow, Watch};
 use crate::store::Store;
 
 /// The least time between two polls of a shared watch.
 const LEAST_GAP: Duration = Duration::from_millis(50);
-/// The most events a client's queue holds before the client is cut.
+/// The most results a client's queue holds before the client is cut.
 pub(super) const QUEUE_LIMIT: usize = 64 * WATCH_BUFFER;
+/// An event's data grows to about this many bytes, then the next result starts a new
+/// event (so a large snapshot is sent as several events, none much larger than this).
+const EVENT_BYTES: usize = 64 * 1024;
 
-/// An event, serialised once for every client: its name and its data.
-pub(super) type Item = Arc<(&'static str, String)>;
+/// An event, built once for every client: its bytes as sent (`event:`, `data:` and the
+/// blank line) and the number of results it holds.
+#[derive(Clone)]
+pub(super) struct Item {
+    pub bytes: Bytes,
+    rows: usize,
+}
+
+/// A client's events, and the results they hold.
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Item>,
+    rows: usize,
+}
+
+impl Queue {
+    fn extend(&mut self, items: &[Item]) {
+        self.rows += items.iter().map(|i| i.rows).sum::<usize>();
+        self.items.extend(items.iter().cloned());
+    }
+
+    fn clear(&mut self) {
+        self.items.clear();
+        self.rows = 0;
+    }
+}
 
 /// The shared watches, by query text and givens.
 #[derive(Default)]
@@ -55,7 +85,7 @@ struct State {
 
 /// One client's queue, shared by the thread that fills it and the body that empties it.
 pub(super) struct Client {
-    queue: Mutex<VecDeque<Item>>,
+    queue: Mutex<Queue>,
     notify: Notify,
     /// Milliseconds since `born` at the client's last read.
     last_read: AtomicU64,
@@ -72,15 +102,57 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn item(kind: &'static str, row: &crate::query::QueryRow) -> Item {
-    let data = serde_json::to_string(&row.value.to_json()).expect("a result serialises");
-    Arc::new((kind, data))
+/// Builds events from changes in their order: one event per run of changes of one kind,
+/// its data the array of their results; a new event when the data has reached
+/// [`EVENT_BYTES`].
+#[derive(Default)]
+struct Builder {
+    out: Vec<Item>,
+    open: Option<(&'static str, Vec<u8>, usize)>,
+}
+
+impl Builder {
+    fn push(&mut self, kind: &'static str, row: &QueryRow) {
+        let fits = self
+            .open
+            .as_ref()
+            .is_some_and(|(k, buf, _)| *k == kind && buf.len() < EVENT_BYTES);
+        if !fits {
+            self.close();
+        }
+        let (_, buf, rows) = self.open.get_or_insert_with(|| {
+            let mut buf = Vec::with_capacity(256);
+            buf.extend_from_slice(format!("event: {kind}\ndata: [").as_bytes());
+            (kind, buf, 0)
+        });
+        if *rows > 0 {
+            buf.push(b',');
+        }
+        // Compact JSON: no line break, so the array is one `data:` line.
+        serde_json::to_writer(&mut *buf, &row.value.to_json()).expect("a result serialises");
+        *rows += 1;
+    }
+
+    fn close(&mut self) {
+        if let Some((_, mut buf, rows)) = self.open.take() {
+            buf.extend_from_slice(b"]\n\n");
+            self.out.push(Item {
+                bytes: Bytes::from(buf),
+                rows,
+            });
+        }
+    }
+
+    fn finish(mut self) -> Vec<Item> {
+        self.close();
+        self.out
+    }
 }
 
 impl Client {
     fn new() -> Client {
         Client {
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Queue::default()),
             notify: Notify::new(),
             last_read: AtomicU64::new(0),
             born: Instant::now(),
@@ -95,7 +167,7 @@ impl Client {
     }
 
     /// Appends `items`; `false` when the client is gone or was cut now (too far behind, or
-    /// full and silent for `stall`).
+    /// full and silent for `stall`). Counts results, not events.
     fn push(&self, items: &[Item], stall: Duration) -> bool {
         if self.gone.load(Ordering::Acquire) {
             return false;
@@ -104,13 +176,14 @@ impl Client {
         let silent = self
             .now_ms()
             .saturating_sub(self.last_read.load(Ordering::Acquire));
-        let why = if q.len() >= WATCH_BUFFER && silent > stall.as_millis() as u64 {
+        let new: usize = items.iter().map(|i| i.rows).sum();
+        let why = if q.rows >= WATCH_BUFFER && silent > stall.as_millis() as u64 {
             Some(format!(
-                "client read nothing for {stall:?} with {} events waiting",
-                q.len()
+                "client read nothing for {stall:?} with {} results waiting",
+                q.rows
             ))
-        } else if q.len() + items.len() > QUEUE_LIMIT {
-            Some(format!("client more than {QUEUE_LIMIT} events behind"))
+        } else if q.rows + new > QUEUE_LIMIT {
+            Some(format!("client more than {QUEUE_LIMIT} results behind"))
         } else {
             None
         };
@@ -121,7 +194,7 @@ impl Client {
             self.fail(why);
             return false;
         }
-        q.extend(items.iter().cloned());
+        q.extend(items);
         drop(q);
         self.notify.notify_one();
         true
@@ -147,7 +220,15 @@ impl Client {
             if let Some(why) = lock(&self.cut).clone() {
                 return Some(Err(why));
             }
-            if let Some(i) = lock(&self.queue).pop_front() {
+            let popped = {
+                let mut q = lock(&self.queue);
+                let i = q.items.pop_front();
+                if let Some(i) = &i {
+                    q.rows -= i.rows;
+                }
+                i
+            };
+            if let Some(i) = popped {
                 self.last_read.store(self.now_ms(), Ordering::Release);
                 return Some(Ok(i));
             }
@@ -193,31 +274,31 @@ impl Watches {
                 // Brought up to date first, so the snapshot is the results of now.
                 let changes = st.watch.poll(&setup.store).map_err(failure)?;
                 offer(&mut st, &changes, setup.stall);
-                let mut items: Vec<Item> = st
-                    .watch
-                    .results()
-                    .into_iter()
-                    .map(|r| item("added", r))
-                    .collect();
+                let mut b = Builder::default();
+                for r in st.watch.results() {
+                    b.push("added", r);
+                }
+                let mut items = b.finish();
                 items.push(ready());
-                lock(&client.queue).extend(items);
+                lock(&client.queue).extend(&items);
                 st.clients.push(client.clone());
                 return Ok(client);
             }
         }
         // A new shared watch: the first client's snapshot is read as the watch starts.
         check_given_types(&setup.store, query, givens).map_err(failure)?;
-        let mut items = Vec::new();
+        let mut b = Builder::default();
         let mut watch = setup
             .store
             .watch_each(query, givens, |row| {
-                items.push(item("added", row));
+                b.push("added", row);
                 Ok(())
             })
             .map_err(failure)?;
         watch.interval = setup.poll;
+        let mut items = b.finish();
         items.push(ready());
-        lock(&client.queue).extend(items);
+        lock(&client.queue).extend(&items);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 watch,
@@ -245,22 +326,26 @@ impl Watches {
     }
 }
 
-/// Serialises `changes` once and offers them to each client (none on a quiet wake-up:
-/// that still cuts a client full and silent for the stall limit).
+/// Builds the events of `changes` once and offers them to each client (none on a quiet
+/// wake-up: that still cuts a client full and silent for the stall limit).
 fn offer(st: &mut State, changes: &[Change], stall: Duration) {
-    let items: Vec<Item> = changes
-        .iter()
-        .map(|c| match c {
-            Change::Added(r) => item("added", r),
-            Change::Removed(r) => item("removed", r),
-            Change::Updated(r) => item("updated", r),
-        })
-        .collect();
+    let mut b = Builder::default();
+    for c in changes {
+        match c {
+            Change::Added(r) => b.push("added", r),
+            Change::Removed(r) => b.push("removed", r),
+            Change::Updated(r) => b.push("updated", r),
+        }
+    }
+    let items = b.finish();
     st.clients.retain(|c| c.push(&items, stall));
 }
 
 fn ready() -> Item {
-    Arc::new(("ready", "{}".to_string()))
+    Item {
+        bytes: Bytes::from_static(b"event: ready\ndata: {}\n\n"),
+        rows: 0,
+    }
 }
 
 /// A shared watch's thread.

@@ -7,11 +7,13 @@
 //! polls at each wake-up of the store ([`Store::wait_for_wake`]: a commit through this
 //! server and, on PostgreSQL, a commit from any process on the database, by
 //! `LISTEN`/`NOTIFY`) and at least every poll interval (another process's write to a
-//! SQLite file), at most once per 50 ms. Each change is serialised once and queued for
-//! every client; a client joining later takes its snapshot from the shared results. A
-//! client that reads nothing for [`super::Limits::sse_stall`] while [`WATCH_BUFFER`]
-//! events or more wait for it is disconnected, and so is one more than
-//! [`super::fanout::QUEUE_LIMIT`] events behind: its queue is dropped and the body is
+//! SQLite file), at most once per 50 ms. The changes of a poll are built once into the
+//! bytes of their events (an event per run of changes of one kind, holding the array of
+//! their results) and queued for every client, whose body writes those bytes as they are;
+//! a client joining later takes its snapshot from the shared results. A client that reads
+//! nothing for [`super::Limits::sse_stall`] while [`WATCH_BUFFER`] results or more wait
+//! for it is disconnected, and so is one more than [`super::fanout::QUEUE_LIMIT`] results
+//! behind: its queue is dropped and the body is
 //! cut, so a client that stops reading costs at most a bounded queue of pointers to shared
 //! events, the socket buffers and a while, never memory that grows with what is written.
 //!
@@ -28,10 +30,12 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, Uri};
+use axum::http::{HeaderMap, HeaderValue, Uri, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -44,7 +48,8 @@ use crate::store::Store;
 
 /// How often a quiet stream sends `: keep-alive`.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
-/// Events of a watch waiting for its client to read them.
+/// Results of a watch waiting for its client to read them, past which a client that
+/// reads nothing for the stall limit is cut.
 pub(super) const WATCH_BUFFER: usize = 256;
 /// The least time between two `change` events to one client.
 const EVENTS_GAP: Duration = Duration::from_millis(100);
@@ -208,7 +213,16 @@ pub(super) async fn watch(
         let item = b.next().await?;
         Some((item, b))
     });
-    Ok(sse(stream))
+    // The events' bytes are built once for every client: written as they are, not through
+    // axum's `Sse` (which would format each event again for each client).
+    let mut r = Body::from_stream(stream).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(r)
 }
 
 /// A response of Server-Sent Events with the keep-alive comment.
@@ -268,16 +282,21 @@ struct WatchBody {
 }
 
 impl WatchBody {
-    async fn next(&mut self) -> Option<Result<Event, std::io::Error>> {
+    /// The next bytes to send: an event, or the keep-alive comment after [`KEEP_ALIVE`]
+    /// without one.
+    async fn next(&mut self) -> Option<Result<Bytes, std::io::Error>> {
         if *self.shutdown.borrow() {
             return None;
         }
         let got = tokio::select! {
-            m = self.client.next() => m?,
+            m = tokio::time::timeout(KEEP_ALIVE, self.client.next()) => match m {
+                Ok(m) => m?,
+                Err(_) => return Some(Ok(Bytes::from_static(b": keep-alive\n\n"))),
+            },
             _ = self.shutdown.changed() => return None,
         };
         Some(match got {
-            Ok(item) => Ok(Event::default().event(item.0).data(&item.1)),
+            Ok(item) => Ok(item.bytes),
             Err(why) => Err(std::io::Error::other(why)),
         })
     }
