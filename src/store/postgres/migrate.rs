@@ -14,6 +14,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/postgres/001_initial.sql"),
     include_str!("../../../schema/postgres/002_query_functions.sql"),
     include_str!("../../../schema/postgres/003_queue_controls.sql"),
+    include_str!("../../../schema/postgres/004_edge_successor_hash.sql"),
 ];
 
 /// The schema version of the PostgreSQL backend this binary writes.
