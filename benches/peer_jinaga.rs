@@ -18,6 +18,11 @@
 //! what it lacks), `bash run.sh N RUNS` there in batch mode, and its medians. Without it
 //! the bench prints ours alone and says that the peer did not run.
 //!
+//! The floor, in the same run, `RUNS` times each on a fresh database of our schema: the
+//! same rows written by a plain client, a transaction per 1,000 facts, by `COPY` and by
+//! our server's `INSERT` statement, and the pending query's statement alone (see
+//! `floor`): PostgreSQL's own cost of what ours asks of it.
+//!
 //! Both sides get a PostgreSQL with initdb's settings (fsync and synchronous commit on):
 //! the peer's script starts its own; ours is `PRECEDENT_BENCH_PG_URL` when set (a
 //! database on a server of your own, emptied), else a throwaway cluster started here with
@@ -203,6 +208,158 @@ fn ours(n: usize) -> Json {
            "readFactBytes": bytes, "serverPeakMB": server_peak})
 }
 
+/// A fact's row for the floor (seq, hash, type id, bytes) and its edge, if any.
+type FloorRow = (i64, Vec<u8>, i64, Vec<u8>, Option<[i64; 5]>);
+
+/// The floor of one run, on a fresh database with our schema (`precedent init`): the same
+/// rows (facts and edges, hashes and canonical bytes computed before the clock starts)
+/// written by a plain client, one transaction per 1,000 facts as the requests are, each
+/// commit flushed; with `COPY ... BINARY` (`copy`) or with our server's own statement
+/// (`insert`: one `INSERT ... SELECT FROM unnest(...)` for the facts and their edges).
+/// Then the pending query's statement, prepared, run twice by the same client
+/// (`readHashMs`, the better of the two): PostgreSQL's own cost of the answer ours gives.
+fn floor(n: usize, how: &str) -> Json {
+    use postgres::binary_copy::BinaryCopyInWriter;
+    use postgres::types::Type;
+    let db = database();
+    let init = Command::new(BIN)
+        .args(["--db", &db, "init"])
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "init");
+    let mut c = postgres::Client::connect(&db, postgres::NoTls).unwrap();
+    c.batch_execute(
+        "INSERT INTO fact_type (id, name) VALUES (1, 'Bench.Store'), (2, 'Bench.Order'), (3, 'Bench.OrderShipped');
+         INSERT INTO role (id, name) VALUES (1, 'store'), (2, 'order')",
+    )
+    .unwrap();
+    let (store, all) = facts(n);
+    // Rows: seq, hash, type id, bytes; an edge per fact but the store's: predecessor,
+    // role, successor type, successor, predecessor type (its successor hash is the fact's).
+    let seq_of: std::collections::HashMap<FactHash, i64> = all
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.hash(), i as i64 + 1))
+        .collect();
+    let rows: Vec<FloorRow> = all
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let seq = i as i64 + 1;
+            let ty = match f.type_name() {
+                "Bench.Store" => 1,
+                "Bench.Order" => 2,
+                _ => 3,
+            };
+            let edge = f.predecessor_hashes().first().map(|p| {
+                let (role, pty) = if ty == 2 { (1, 1) } else { (2, 2) };
+                [seq_of[p], role, ty, seq, pty]
+            });
+            (
+                seq,
+                f.hash().0.to_vec(),
+                ty,
+                f.canonical_bytes().to_vec(),
+                edge,
+            )
+        })
+        .collect();
+    let insert = c
+        .prepare(
+            "WITH f AS (
+                 INSERT INTO fact (seq, hash, type_id, bytes)
+                 SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[])
+                 ON CONFLICT (hash) DO NOTHING RETURNING 1),
+             e AS (
+                 INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
+                 SELECT * FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bytea[]))
+             SELECT count(*) FROM f",
+        )
+        .unwrap();
+    let started = Instant::now();
+    for chunk in rows.chunks(CHUNK) {
+        let mut tx = c.transaction().unwrap();
+        let edges: Vec<([i64; 5], &[u8])> = chunk
+            .iter()
+            .filter_map(|r| r.4.map(|e| (e, &r.1[..])))
+            .collect();
+        if how == "copy" {
+            let sink = tx
+                .copy_in("COPY fact (seq, hash, type_id, bytes) FROM STDIN BINARY")
+                .unwrap();
+            let mut w =
+                BinaryCopyInWriter::new(sink, &[Type::INT8, Type::BYTEA, Type::INT8, Type::BYTEA]);
+            for r in chunk {
+                w.write(&[&r.0, &r.1, &r.2, &r.3]).unwrap();
+            }
+            w.finish().unwrap();
+            let sink = tx
+                .copy_in("COPY edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash) FROM STDIN BINARY")
+                .unwrap();
+            let types = [
+                Type::INT8,
+                Type::INT8,
+                Type::INT8,
+                Type::INT8,
+                Type::INT8,
+                Type::BYTEA,
+            ];
+            let mut w = BinaryCopyInWriter::new(sink, &types);
+            for (e, h) in &edges {
+                w.write(&[&e[0], &e[1], &e[2], &e[3], &e[4], h]).unwrap();
+            }
+            w.finish().unwrap();
+        } else {
+            let col = |k: usize| edges.iter().map(|e| e.0[k]).collect::<Vec<i64>>();
+            let succ_hash: Vec<&[u8]> = edges.iter().map(|e| e.1).collect();
+            let seqs: Vec<i64> = chunk.iter().map(|r| r.0).collect();
+            let hashes: Vec<&[u8]> = chunk.iter().map(|r| &r.1[..]).collect();
+            let types: Vec<i64> = chunk.iter().map(|r| r.2).collect();
+            let bytes: Vec<&[u8]> = chunk.iter().map(|r| &r.3[..]).collect();
+            let n: i64 = tx
+                .query_one(
+                    &insert,
+                    &[
+                        &seqs,
+                        &hashes,
+                        &types,
+                        &bytes,
+                        &col(0),
+                        &col(1),
+                        &col(2),
+                        &col(3),
+                        &col(4),
+                        &succ_hash,
+                    ],
+                )
+                .unwrap()
+                .get(0);
+            assert_eq!(n as usize, chunk.len());
+        }
+        tx.commit().unwrap();
+    }
+    let save_secs = started.elapsed().as_secs_f64();
+    // The statement ours runs for `select hash(o)` (as its log shows), parameters bound:
+    // the hashes from the edges (schema version 4).
+    let q = c
+        .prepare(
+            "SELECT e1.successor, e1.successor_hash, NULL::bytea FROM fact s CROSS JOIN edge e1
+             WHERE s.hash = $1 AND s.type_id = 1 AND e1.predecessor = s.seq AND e1.role_id = 1
+             AND e1.successor_type = 2 AND NOT EXISTS (SELECT 1 FROM edge e2
+             WHERE e2.predecessor = e1.successor AND e2.role_id = 2 AND e2.successor_type = 3)
+             ORDER BY e1.successor",
+        )
+        .unwrap();
+    let mut best = f64::INFINITY;
+    for _ in 0..2 {
+        let t = Instant::now();
+        let got = c.query(&q, &[&&store.hash().0[..]]).unwrap();
+        best = best.min(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(got.len(), n / 2, "pending orders");
+    }
+    json!({"how": how, "saveFactsPerSec": all.len() as f64 / save_secs, "readHashMs": best})
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -257,6 +414,26 @@ fn main() {
         load.trim()
     );
     let ours_runs: Vec<Json> = (0..runs).map(|_| ours(n)).collect();
+    // The floors, in the same run: a plain client's COPY and our statement, and the
+    // pending query's statement alone.
+    let floors: Vec<Json> = (0..runs)
+        .flat_map(|_| [floor(n, "copy"), floor(n, "insert")])
+        .collect();
+    let fm = |how: &str, k: &str| {
+        median(
+            &floors
+                .iter()
+                .filter(|f| f["how"] == how)
+                .map(|f| f[k].as_f64().unwrap())
+                .collect::<Vec<_>>(),
+        )
+    };
+    println!(
+        "floor (a plain client, same rows, a transaction per {CHUNK} facts): COPY {:.0} facts/s, our INSERT statement {:.0} facts/s; the pending statement alone {:.1} ms",
+        fm("copy", "saveFactsPerSec"),
+        fm("insert", "saveFactsPerSec"),
+        fm("insert", "readHashMs").min(fm("copy", "readHashMs"))
+    );
     let m = |k: &str| {
         median(
             &ours_runs
@@ -284,7 +461,7 @@ fn main() {
         .all(|r| r["serverPeakMB"].as_f64().unwrap() < MEMORY_LIMIT_MB);
     let mut report = json!({"n": n, "runs": runs, "load_average": load.trim(),
                             "ours": {"median": ours_median, "runs": ours_runs},
-                            "memory_met": memory_met});
+                            "memory_met": memory_met, "floors": floors});
     match peer(n, runs) {
         None => {
             println!("peer: not run (set PRECEDENT_BENCH_PEER_DIR to a copy of the peer's folder)")
@@ -323,5 +500,9 @@ fn main() {
             std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("target/bench-peer-jinaga.json")
         });
+    if let Some(dir) = out.parent() {
+        // `target/` is not there when CARGO_TARGET_DIR puts it elsewhere.
+        std::fs::create_dir_all(dir).unwrap();
+    }
     std::fs::write(out, serde_json::to_string_pretty(&report).unwrap()).unwrap();
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::pg::{self, PgDb};
 use common::{chain, fact};
+use precedent::query::{Givens, Projected, Query};
 use precedent::store::{Dialect, PG_SCHEMA_VERSION};
 use precedent::{Error, FactHash, InsertOutcome, Store, StoreOptions};
 
@@ -253,6 +254,65 @@ fn verify_rehashes_every_row() {
     assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
     let bad = store.read(|r| r.fact_at(7));
     assert!(matches!(bad, Err(Error::Corrupt { .. })), "{bad:?}");
+}
+
+#[test]
+fn verify_checks_the_successor_hash_each_edge_carries() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    let links = chain(5);
+    store.insert_batch(links.clone()).unwrap();
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+    let carried = "SELECT count(*) FROM edge e JOIN fact f ON f.seq = e.successor
+                   WHERE e.successor_hash = f.hash";
+    assert_eq!(
+        db.psql(carried),
+        "4",
+        "every edge carries its successor's hash"
+    );
+    // The edge into the fourth fact says it leads to the second.
+    db.psql(
+        "UPDATE edge SET successor_hash = (SELECT hash FROM fact WHERE seq = 2) WHERE successor = 4",
+    );
+    let report = store.verify(|_| {}).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    let text = report.problems[0].to_string();
+    assert!(
+        text.contains(&links[3].hash().to_string())
+            && text.contains(&links[1].hash().to_string())
+            && text.contains("carries successor hash"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_version_4_database_gains_the_successor_hash_of_its_edges() {
+    let Some(db) = pg::db() else { return };
+    let links = chain(6);
+    open(&db).insert_batch(links.clone()).unwrap();
+    // The edges as version 4 wrote them: no successor hash.
+    db.psql("ALTER TABLE edge DROP COLUMN successor_hash; UPDATE schema_version SET version = 4");
+    let store = open(&db);
+    assert_eq!(
+        db.psql("SELECT version FROM schema_version"),
+        PG_SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(
+        db.psql(
+            "SELECT count(*) FROM edge e JOIN fact f ON f.seq = e.successor
+             WHERE e.successor_hash = f.hash"
+        ),
+        "5"
+    );
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+    // And a query answered from those edges gives the facts' hashes.
+    let q = Query::parse("given a: Link match b: Link where b->p = a select hash(b)").unwrap();
+    let givens = Givens::from([("a".to_string(), links[2].hash())]);
+    let (sql, _) = store.compiled_sql(&q, &givens).unwrap();
+    assert!(sql.contains("successor_hash"), "{sql}");
+    let got = store.query(&q, &givens).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].value, Projected::Hash(links[3].hash()));
 }
 
 #[test]

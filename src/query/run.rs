@@ -362,6 +362,7 @@ impl Reader<'_> {
                         limit: sub.limit,
                         distinct: false,
                         dialect: self.dialect(),
+                        bytes: None,
                     },
                 )?;
                 let mut items = Vec::new();
@@ -451,6 +452,8 @@ pub(crate) fn top_plan(
         .flat_map(|m| m.conditions.iter())
         .collect();
     let output = query.top_labels().iter().map(|s| s.to_string()).collect();
+    // Every caller of an unpinned plan decodes `decode_top(query)` of its rows.
+    let decode = decode_top(query);
     sql::compile(
         &nodes,
         &conds,
@@ -460,6 +463,7 @@ pub(crate) fn top_plan(
             limit: if pins.is_some() { None } else { query.limit },
             distinct: false,
             dialect,
+            bytes: pins.is_none().then_some(&decode),
         },
     )
 }
@@ -511,6 +515,7 @@ pub(crate) fn top_plan_after_key(
             limit: Some(limit),
             distinct: false,
             dialect,
+            bytes: None,
         },
         &after,
     )

@@ -84,6 +84,10 @@ struct Compiler {
     late: HashSet<String>,
     /// The late labels reached, whose rows the statement joins outside.
     deferred: Vec<String>,
+    /// On PostgreSQL, the late labels whose bytes no result reads (`select hash(o)`):
+    /// one reached through an edge toward its successors takes its hash from that edge
+    /// (`successor_hash`, PostgreSQL schema version 5) and joins no `fact` row at all.
+    hash_only: HashSet<String>,
 }
 
 /// A label known in a block: the SQL expression of its `seq`, and the alias of its `fact`
@@ -92,6 +96,9 @@ struct Compiler {
 struct Known {
     seq: String,
     fact: Option<String>,
+    /// The expression of its hash when no `fact` row is joined for it: the
+    /// `successor_hash` of the edge that reached it.
+    hash: Option<String>,
 }
 
 impl Known {
@@ -99,6 +106,7 @@ impl Known {
         Known {
             seq: format!("{f}.seq"),
             fact: Some(f),
+            hash: None,
         }
     }
 
@@ -236,6 +244,16 @@ impl Compiler {
             return Known {
                 seq: end,
                 fact: None,
+                hash: None,
+            };
+        }
+        if down && self.hash_only.contains(&n.label) {
+            // Reached as the successor of the last edge crossed, which carries its hash.
+            let hash = format!("{end}_hash");
+            return Known {
+                seq: end,
+                fact: None,
+                hash: Some(hash),
             };
         }
         if self.late.contains(&n.label) {
@@ -243,6 +261,7 @@ impl Compiler {
             return Known {
                 seq: end,
                 fact: None,
+                hash: None,
             };
         }
         // Conditions that read only the edges are evaluated before this join, so only the
@@ -253,6 +272,7 @@ impl Compiler {
         Known {
             seq: end,
             fact: Some(f),
+            hash: None,
         }
     }
 
@@ -472,6 +492,9 @@ pub(crate) struct Shape<'a> {
     pub distinct: bool,
     /// The dialect the backend that runs the statement speaks.
     pub dialect: Dialect,
+    /// The output labels whose bytes the caller reads (it decodes their facts); `None`:
+    /// all of them. On PostgreSQL the others may come with their hash and no bytes.
+    pub bytes: Option<&'a HashSet<String>>,
 }
 
 /// Compiles a block (nodes and their conditions) with `outer` labels pinned by seq.
@@ -520,6 +543,7 @@ fn compile_keyset(
         rows: HashSet::new(),
         late: HashSet::new(),
         deferred: Vec::new(),
+        hash_only: HashSet::new(),
     };
     for k in shape.order {
         if let SortBy::Field(l, _) = &k.by {
@@ -534,6 +558,14 @@ fn compile_keyset(
             .filter(|l| !c.rows.contains(*l))
             .cloned()
             .collect();
+        if let Some(bytes) = shape.bytes {
+            c.hash_only = c
+                .late
+                .iter()
+                .filter(|l| !bytes.contains(*l))
+                .cloned()
+                .collect();
+        }
     }
     c.rows.extend(shape.output.iter().cloned());
     let (mut from, mut wh) = (Vec::new(), Vec::new());
@@ -549,7 +581,16 @@ fn compile_keyset(
             if late.contains(l) {
                 return scope[l].seq.clone();
             }
+            if let Some(hash) = &scope[l].hash {
+                // Its bytes are not read (`Shape::bytes`).
+                return format!("{}, {hash}, NULL::bytea", scope[l].seq);
+            }
             let f = scope[l].fact();
+            if c.dialect == Dialect::Postgres && shape.bytes.is_some_and(|b| !b.contains(l)) {
+                // Nor are these (a given's, in every row): they would widen every row
+                // the statement sorts.
+                return format!("{f}.seq, {f}.hash, NULL::bytea");
+            }
             format!("{f}.seq, {f}.hash, {f}.bytes")
         })
         .collect();

@@ -152,6 +152,7 @@ fn inverse_plan(
                     limit: None,
                     distinct: false,
                     dialect,
+                    bytes: None,
                 },
             )?
         }
@@ -185,6 +186,7 @@ pub(super) fn recheck_plan(dialect: Dialect, query: &Query, givens: &Givens) -> 
             limit: Some(1),
             distinct: false,
             dialect,
+            bytes: None,
         },
     )?;
     Ok(Compiled { plan: steady(plan) })

@@ -74,8 +74,8 @@ impl Run {
              SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[])
              ON CONFLICT (hash) DO NOTHING RETURNING 1),
          e AS (
-             INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
-             SELECT * FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[]))
+             INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
+             SELECT * FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bytea[]))
          SELECT count(*) FROM f";
 
     /// Writes the run's facts and edges in one statement ([`Run::WRITE_ROWS`], run by
@@ -87,11 +87,12 @@ impl Run {
         let hashes: Vec<FactHash> = self.facts.iter().map(|f| f.hash()).collect();
         let hashes: Vec<&[u8]> = hashes.iter().map(|h| &h.0[..]).collect();
         let bytes: Vec<&[u8]> = self.facts.iter().map(|f| f.canonical_bytes()).collect();
-        let (mut succ, mut succ_type) = (Vec::new(), Vec::new());
+        let (mut succ, mut succ_type, mut succ_hash) = (Vec::new(), Vec::new(), Vec::new());
         let mut start = 0;
         for (i, &end) in self.ends.iter().enumerate() {
             succ.extend(std::iter::repeat_n(self.seq[i], end - start));
             succ_type.extend(std::iter::repeat_n(self.type_id[i], end - start));
+            succ_hash.extend(std::iter::repeat_n(hashes[i], end - start));
             start = end;
         }
         query(&[
@@ -104,6 +105,7 @@ impl Run {
             &succ_type,
             &succ,
             &self.pred_type,
+            &succ_hash,
         ])
     }
 

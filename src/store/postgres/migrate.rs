@@ -15,6 +15,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/postgres/002_query_functions.sql"),
     include_str!("../../../schema/postgres/003_queue_controls.sql"),
     include_str!("../../../schema/postgres/004_queue_priority.sql"),
+    include_str!("../../../schema/postgres/005_edge_successor_hash.sql"),
 ];
 
 /// The schema version of the PostgreSQL backend this binary writes.

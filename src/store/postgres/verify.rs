@@ -1,6 +1,7 @@
 //! `verify` on PostgreSQL: every stored row re-hashed and decoded strictly, edges (with
-//! their types) against the facts' bytes and the release order, the held set against its
-//! waits and counter, and the `seq` counter against the facts. PostgreSQL has no
+//! their types and the successor hash they carry) against the facts' bytes and the
+//! release order, the held set against its waits and counter, and the `seq` counter
+//! against the facts. PostgreSQL has no
 //! `integrity_check`; its own page checksums (`initdb -k`) and `amcheck` are the
 //! operator's.
 
@@ -64,13 +65,31 @@ impl Tx<'_> {
             }
         };
         check_type(report, hash, &fact, row.get(3));
-        let edges = self
-            .rows(
-                "SELECT r.name, p.hash, p.seq, e.predecessor_type, p.type_id, e.successor_type
-                 FROM edge e JOIN role r ON r.id = e.role_id JOIN fact p ON p.seq = e.predecessor
-                 WHERE e.successor = $1",
-                &[&seq],
-            )?
+        let edges = self.rows(
+            "SELECT r.name, p.hash, p.seq, e.predecessor_type, p.type_id, e.successor_type,
+                    e.successor_hash
+             FROM edge e JOIN role r ON r.id = e.role_id JOIN fact p ON p.seq = e.predecessor
+             WHERE e.successor = $1",
+            &[&seq],
+        )?;
+        // The successor's hash an edge carries (PostgreSQL schema version 5) is the fact's own.
+        for e in &edges {
+            let carried: &[u8] = e.get(6);
+            if carried != &hash.0[..] {
+                let role: String = e.get(0);
+                report.problem(
+                    Some(hash),
+                    format!(
+                        "edge {role} (seq {seq}) carries successor hash {}, not the fact's",
+                        FactHash::from_slice(carried).map_or_else(
+                            || format!("of {} bytes", carried.len()),
+                            |h| h.to_string()
+                        )
+                    ),
+                );
+            }
+        }
+        let edges = edges
             .iter()
             .map(|e| EdgeRow {
                 role: e.get(0),

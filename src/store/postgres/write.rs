@@ -141,26 +141,27 @@ impl WriteTx for PgWrite<'_> {
     }
 
     fn commit(mut self: Box<Self>) -> Result<()> {
-        if let Some(now) = self.locked {
-            for (name, value, before) in [
-                ("held", now.held, self.at_lock.held),
-                ("seq", now.seq, self.at_lock.seq),
-            ] {
-                if value != before {
-                    self.tx.exec(
-                        "UPDATE counter SET value = $2 WHERE name = $1",
-                        &[&name, &value],
-                    )?;
-                }
-            }
-            if now.seq != self.at_lock.seq {
-                // Delivered at the commit, in commit order, to every store listening on
-                // this database (`notify.rs`); nothing if the commit fails.
-                self.tx.exec(
-                    "SELECT pg_notify($1, $2)",
-                    &[&crate::store::NOTIFY_CHANNEL, &now.seq.to_string()],
-                )?;
-            }
+        if let Some(now) = self.locked.filter(|now| now.seq != self.at_lock.seq) {
+            // Facts were released: both counters (`held` rewritten only if it changed)
+            // and the notice in one round trip. The notice is delivered at the commit, in
+            // commit order, to every store listening on this database (`notify.rs`);
+            // nothing if the commit fails.
+            self.tx.exec(
+                "WITH h AS (UPDATE counter SET value = $1 WHERE name = 'held' AND value <> $1),
+                 s AS (UPDATE counter SET value = $2 WHERE name = 'seq')
+                 SELECT pg_notify($3, $4)",
+                &[
+                    &now.held,
+                    &now.seq,
+                    &crate::store::NOTIFY_CHANNEL,
+                    &now.seq.to_string(),
+                ],
+            )?;
+        } else if let Some(now) = self.locked.filter(|now| now.held != self.at_lock.held) {
+            self.tx.exec(
+                "UPDATE counter SET value = $1 WHERE name = 'held'",
+                &[&now.held],
+            )?;
         }
         self.tx.finish("COMMIT")?;
         let names = std::mem::take(&mut self.names);
@@ -366,8 +367,8 @@ impl<'a> PgWrite<'a> {
                  INSERT INTO fact (seq, hash, type_id, bytes) VALUES ($1, $2, $3, $4)
                  ON CONFLICT (hash) DO NOTHING RETURNING seq),
              e AS (
-                 INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
-                 SELECT u.p, u.r, $3, f.seq, u.t
+                 INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
+                 SELECT u.p, u.r, $3, f.seq, u.t, $2
                  FROM f, unnest($5::bigint[], $6::bigint[], $7::bigint[]) AS u(p, r, t))
              SELECT count(*) FROM f",
             &[
