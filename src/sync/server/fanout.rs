@@ -5,9 +5,9 @@
 //! bytes: no client does any work per result.
 //!
 //! A shared watch has a thread of its own. It waits for a wake-up ([`Store::wait_for_wake`])
-//! or the poll interval, lets at least [`LEAST_GAP`] pass since its last poll (so a burst of
-//! commits costs one poll), polls in one read transaction, and appends the events to each
-//! client's queue. A client that joins takes its snapshot from the shared watch's current
+//! or the poll interval, lets at least [`least_gap`] pass since its last poll (so a burst
+//! of commits costs one poll: 50 ms for one client, 2 ms more for each further one, at most
+//! 250 ms), polls in one read transaction, and appends the events to each client's queue. A client that joins takes its snapshot from the shared watch's current
 //! results, under the same lock as the polls: it gets `added` for each, `ready`, then
 //! every change after that point, as a client of its own watch would.
 //!
@@ -31,8 +31,23 @@ use super::sse::WATCH_BUFFER;
 use crate::query::{Change, Givens, Query, QueryRow, Watch};
 use crate::store::Store;
 
-/// The least time between two polls of a shared watch.
+/// The least time between two polls of a shared watch of one client.
 const LEAST_GAP: Duration = Duration::from_millis(50);
+/// What each further client adds to that least time: every poll that finds changes wakes
+/// and writes to each client, on the threads that also serve the writers' requests, so
+/// the more clients share a watch, the more commits one poll should cover.
+const GAP_PER_CLIENT: Duration = Duration::from_millis(2);
+/// The most time between two polls of a busy shared watch, whatever its clients: the
+/// delay a change may wait before it is sent.
+const MOST_GAP: Duration = Duration::from_millis(250);
+
+/// The least time between two polls of a shared watch of `clients` clients.
+fn least_gap(clients: usize) -> Duration {
+    let more = u32::try_from(clients.saturating_sub(1)).unwrap_or(u32::MAX);
+    LEAST_GAP
+        .saturating_add(GAP_PER_CLIENT.saturating_mul(more))
+        .min(MOST_GAP)
+}
 /// The most results a client's queue holds before the client is cut.
 pub(super) const QUEUE_LIMIT: usize = 64 * WATCH_BUFFER;
 /// An event's data grows to about this many bytes, then the next result starts a new
@@ -368,7 +383,8 @@ impl Runner {
         loop {
             let mark = store.wake_mark();
             store.wait_for_wake(mark, *poll);
-            if let Some(rest) = LEAST_GAP.checked_sub(last.elapsed()) {
+            let clients = lock(&self.shared.state).clients.len();
+            if let Some(rest) = least_gap(clients).checked_sub(last.elapsed()) {
                 std::thread::sleep(rest);
             }
             last = Instant::now();
@@ -421,5 +437,22 @@ impl Runner {
                 None => c.leave_clean(),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_gap_grows_with_the_clients_up_to_its_cap() {
+        assert_eq!(least_gap(0), LEAST_GAP);
+        assert_eq!(least_gap(1), LEAST_GAP);
+        assert_eq!(least_gap(2), Duration::from_millis(52));
+        assert_eq!(least_gap(51), Duration::from_millis(150));
+        assert_eq!(least_gap(100), Duration::from_millis(248));
+        assert_eq!(least_gap(101), MOST_GAP);
+        assert_eq!(least_gap(1000), MOST_GAP);
+        assert_eq!(least_gap(usize::MAX), MOST_GAP);
     }
 }
