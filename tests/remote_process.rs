@@ -55,6 +55,16 @@ fn spawn_quiet(mut c: std::process::Command) -> Child {
         .unwrap()
 }
 
+/// Two ship.py workers with `flags` at once; both must exit 0.
+fn two_workers(dir: &Path, url: &str, flags: &[&str]) {
+    let workers: Vec<Child> = (0..2)
+        .map(|_| spawn_quiet(remote(dir, url, flags, &["python3", &ship_py()])))
+        .collect();
+    for mut w in workers {
+        assert!(w.wait().unwrap().success());
+    }
+}
+
 /// For each order: how many `Shop.Shipped` facts name it.
 fn shipped(db: &Path) -> BTreeMap<String, usize> {
     let out = run_ok(db, &["export"], b"");
@@ -86,7 +96,7 @@ fn ok(out: &Output) {
 }
 
 #[test]
-fn the_python_example_against_a_hub_completes_every_input_once_in_batches() {
+fn the_python_example_against_a_hub_completes_every_input_once() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("hub.db");
     let inputs = hub_at(&db, 60, &[]);
@@ -115,15 +125,7 @@ fn two_remote_process_workers_complete_every_input_exactly_once() {
     let inputs = hub_at(&db, 120, &["--lease", "30s"]);
     let server = Server::start_with(&db, &["--listen", "127.0.0.1:0"]);
     let flags = ["--process", "--once", "-j", "2", "--in-flight", "8"];
-    let workers: Vec<Child> = (0..2)
-        .map(|_| {
-            let c = remote(dir.path(), &server.url, &flags, &["python3", &ship_py()]);
-            spawn_quiet(c)
-        })
-        .collect();
-    for mut w in workers {
-        assert!(w.wait().unwrap().success());
-    }
+    two_workers(dir.path(), &server.url, &flags);
     assert_each_once(&db, &inputs);
 }
 
@@ -294,15 +296,51 @@ fn remote_process_workers_on_a_postgres_hub_complete_each_input_once() {
     let inputs = hub_at(db, 80, &["--lease", "30s"]);
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_with(db, &["--listen", "127.0.0.1:0"]);
-    let flags = ["--process", "--once", "--in-flight", "8"];
-    let workers: Vec<Child> = (0..2)
-        .map(|_| {
-            let c = remote(dir.path(), &server.url, &flags, &["python3", &ship_py()]);
-            spawn_quiet(c)
-        })
-        .collect();
-    for mut w in workers {
-        assert!(w.wait().unwrap().success());
-    }
+    two_workers(
+        dir.path(),
+        &server.url,
+        &["--process", "--once", "--in-flight", "8"],
+    );
     assert_each_once(db, &inputs);
+}
+
+#[test]
+fn a_remote_process_worker_keeps_its_answers_through_a_hub_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("hub.db");
+    let inputs = hub_at(&db, 60, &["--lease", "30s"]);
+    let server = Server::start_with(&db, &["--listen", "127.0.0.1:0"]);
+    let addr = server.url.trim_start_matches("http://").to_string();
+    // A handler that answers slowly, so that answers are waiting when the hub goes.
+    let body = r#"
+import time
+for line in sys.stdin:
+    time.sleep(0.02)
+    answer(shipped(json.loads(line)))
+"#;
+    let handler = python(body);
+    let flags = ["--process", "--in-flight", "4", "--poll", "20ms"];
+    let mut worker = spawn_quiet(remote(dir.path(), &server.url, &flags, &args(&handler)));
+    let completed = || stats(&db)["completed"].as_u64().unwrap();
+    let mut rounds = 0;
+    while completed() < 10 {
+        rounds += 1;
+        assert!(rounds < 1200, "the worker completed nothing");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    drop(server);
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(worker.try_wait().unwrap().is_none(), "the worker gave up");
+    let _again = Server::start_with(&db, &["--listen", &addr]);
+    let mut rounds = 0;
+    while completed() < 60 {
+        rounds += 1;
+        assert!(rounds < 1200, "still pending: {}", stats(&db));
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    common::process::kill(&mut worker);
+    // Nothing lost, nothing twice: every answer was sent again until the hub took it.
+    assert_each_once(&db, &inputs);
+    let s = stats(&db);
+    assert_eq!(s["failed"], 0, "{s}");
 }

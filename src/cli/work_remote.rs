@@ -22,9 +22,9 @@ use precedent::json;
 use precedent::queue::Failure;
 use precedent::sync::client::{ClientOptions, RemoteLease, RemoteQueue};
 use precedent::sync::queue_wire::LeaseResult;
-use precedent::{Error, Fact, Result};
+use precedent::{Error, Result};
 
-use super::work::{Completed, Effect, Failed, Held, WorkArgs, WorkQueue, run_jobs};
+use super::work::{Completed, Effect, Failed, WorkArgs, WorkQueue, run_jobs};
 use super::{Global, Status};
 
 /// How long a call keeps being retried while the hub is unreachable or unavailable.
@@ -58,18 +58,6 @@ impl Hub {
                 r => return r,
             }
         }
-    }
-}
-
-impl Held for RemoteLease {
-    fn input(&self) -> &Fact {
-        &self.input
-    }
-    fn attempt(&self) -> u32 {
-        self.attempt
-    }
-    fn queue(&self) -> &str {
-        &self.queue
     }
 }
 

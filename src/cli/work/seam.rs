@@ -118,17 +118,25 @@ pub(in crate::cli) trait WorkQueue {
     fn release(&self, lease: Self::Lease);
 }
 
-impl Held for Lease {
-    fn input(&self) -> &Fact {
-        &self.input
-    }
-    fn attempt(&self) -> u32 {
-        self.attempt
-    }
-    fn queue(&self) -> &str {
-        &self.queue
-    }
+/// [`Held`] for a lease type with public `input`, `attempt` and `queue` fields.
+macro_rules! held {
+    ($t:ty) => {
+        impl Held for $t {
+            fn input(&self) -> &Fact {
+                &self.input
+            }
+            fn attempt(&self) -> u32 {
+                self.attempt
+            }
+            fn queue(&self) -> &str {
+                &self.queue
+            }
+        }
+    };
 }
+
+held!(Lease);
+held!(precedent::sync::client::RemoteLease);
 
 /// A queue of the local database, through one job's own [`Store`].
 pub(in crate::cli) struct Local {
