@@ -311,15 +311,17 @@ fn a_remote_process_worker_keeps_its_answers_through_a_hub_restart() {
     let inputs = hub_at(&db, 60, &["--lease", "30s"]);
     let server = Server::start_with(&db, &["--listen", "127.0.0.1:0"]);
     let addr = server.url.trim_start_matches("http://").to_string();
-    // A handler that answers slowly, so that answers are waiting when the hub goes.
+    // One claim takes every input; the handler answers one every 50 ms, and after the
+    // next claim finds nothing the worker claims again only after --poll: while the hub
+    // is away, only answered completions are waiting to be sent.
     let body = r#"
 import time
 for line in sys.stdin:
-    time.sleep(0.02)
+    time.sleep(0.05)
     answer(shipped(json.loads(line)))
 "#;
     let handler = python(body);
-    let flags = ["--process", "--in-flight", "4", "--poll", "20ms"];
+    let flags = ["--process", "--in-flight", "60", "--poll", "20s"];
     let mut worker = spawn_quiet(remote(dir.path(), &server.url, &flags, &args(&handler)));
     let completed = || stats(&db)["completed"].as_u64().unwrap();
     let mut rounds = 0;
