@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::bin::{cmd, code, run_ok, stderr};
 use common::process::Server;
-use common::queue::{declare, import, orders, stats};
+use common::queue::{DIES_ONCE_AFTER_THREE, declare, import, orders, python, stats};
 use precedent::Fact;
 use precedent::sync::client::{ClientOptions, RemoteQueue};
 use serde_json::Value as Json;
@@ -129,24 +129,6 @@ fn two_remote_process_workers_complete_every_input_exactly_once() {
     assert_each_once(&db, &inputs);
 }
 
-/// A Python handler: `body` loops over requests with `req`, `answer(dict)` and
-/// `shipped(req)` (a done answer) at hand.
-fn python(body: &str) -> Vec<String> {
-    let script = format!(
-        r#"
-import json, os, sys
-def answer(a):
-    sys.stdout.write(json.dumps(a) + "\n"); sys.stdout.flush()
-def shipped(req):
-    return {{"lease": req["lease"], "outcome": "done", "facts": [{{"type": "Shop.Shipped",
-        "fields": {{"attempt": req["attempt"]}}, "predecessors": {{"order": req["input"]["hash"]}}}}]}}
-hello = json.loads(sys.stdin.readline())
-{body}
-"#
-    );
-    vec!["python3".into(), "-c".into(), script]
-}
-
 fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
@@ -157,21 +139,7 @@ fn a_remote_handler_that_dies_has_its_inputs_retried() {
     let db = dir.path().join("hub.db");
     let inputs = hub_at(&db, 6, &[]);
     let server = Server::start_with(&db, &["--listen", "127.0.0.1:0"]);
-    // The first handler reads three requests and exits without answering.
-    let body = r#"
-first = not os.path.exists(os.environ["MARK"])
-open(os.environ["MARK"], "w").close()
-got = 0
-for line in sys.stdin:
-    req = json.loads(line)
-    got += 1
-    if first:
-        if got == 3:
-            sys.exit(3)
-        continue
-    answer(shipped(req))
-"#;
-    let handler = python(body);
+    let handler = python(DIES_ONCE_AFTER_THREE);
     let mut c = remote(
         dir.path(),
         &server.url,
