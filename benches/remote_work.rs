@@ -122,23 +122,16 @@ fn cli_process(db: &Path, n: u64, remote: Option<&str>) -> f64 {
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/handlers/ship.py");
     let mut c = Command::new(BIN);
     match remote {
-        Some(url) => c
-            .arg("--db")
-            .arg(db.with_extension("absent"))
-            .args(["--remote", url]),
+        Some(_) => c.arg("--db").arg(db.with_extension("absent")),
         None => c.arg("--db").arg(db),
     };
+    c.args(["--quiet", "work", "ship"]);
+    if let Some(url) = remote {
+        c.args(["--remote", url]);
+    }
     let start = Instant::now();
     let out = c
-        .args([
-            "--quiet",
-            "work",
-            "ship",
-            "--once",
-            "--process",
-            "--in-flight",
-            "256",
-        ])
+        .args(["--once", "--process", "--in-flight", "256"])
         .arg("--")
         .arg("python3")
         .arg(&python)

@@ -1,10 +1,13 @@
 //! `precedent work QUEUE -- COMMAND ARGS..`: a worker that runs a command per input.
 //!
-//! Each of `-j` threads opens its own [`Store`] on the database file (SQLite serialises
+//! Each of `-j` threads opens its own `Store` on the database file (SQLite serialises
 //! the writers), claims a batch and runs the command once per input: the fact's JSON form
 //! on stdin, JSON Lines of facts on stdout. The facts and a completing fact are stored in
-//! the transaction that completes the input ([`Store::complete`]), so a crash at any
+//! the transaction that completes the input (`Store::complete_batch`), so a crash at any
 //! moment either stores all of them or none and the input is handed out again.
+//!
+//! The jobs reach the queue only through [`WorkQueue`] ([`seam`]): the local database, or
+//! a remote hub with `--remote` (`work_remote`), run by the same code.
 //!
 //! Exit statuses follow sysexits(3): 0 done, 75 (`EX_TEMPFAIL`) retry later, 65
 //! (`EX_DATAERR`) poison; anything else, a signal included, is a transient failure.
