@@ -10,7 +10,7 @@ use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
 use common::bin::{cmd, code, run_ok, stderr};
-use common::process::Server;
+use common::process::{Server, gone};
 use common::queue::{DIES_ONCE_AFTER_THREE, declare, import, orders, python, stats};
 use precedent::Fact;
 use precedent::sync::client::{ClientOptions, RemoteQueue};
@@ -202,16 +202,6 @@ for line in sys.stdin:
         .find_map(|_| q.claim(1, Duration::from_millis(500)).unwrap().pop())
         .expect("offered again after the delay");
     assert_eq!((back.input.hash(), back.attempt), (inputs[0].hash(), 2));
-}
-
-/// Whether process `pid` is gone (or a zombie, which runs nothing).
-fn gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
 }
 
 fn read_pid(path: &PathBuf) -> i32 {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::bin::{Db, code, stderr};
+use common::process::gone;
 use common::queue::{DIES_ONCE_AFTER_THREE, declare, import, orders, python, stats};
 
 fn example(name: &str) -> String {
@@ -279,16 +280,6 @@ open(os.environ["CLOSED"], "w").close()
     );
     assert_eq!(s["leased"], 0, "nothing left leased: {s}");
     assert_eq!(count(&db, "Shop.Shipped"), done);
-}
-
-/// Whether process `pid` is gone (or a zombie, which runs nothing).
-fn gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
 }
 
 fn read_pid(path: &PathBuf) -> i32 {
