@@ -6,6 +6,11 @@
 //! `cargo bench --bench remote_work` prints both rates, their ratio and the load average.
 //! Each completion writes a `Shop.Shipped` fact naming its order, on both sides.
 //!
+//! A second line compares, in the same run, `precedent work ship --once --process
+//! --in-flight 256 -- python3 examples/handlers/ship.py` against a hub (`--remote`) with
+//! the same command on a local database, and with the remote library rate above (the
+//! floor of what a remote worker can do over HTTP).
+//!
 //! Settings, from the environment:
 //! - `PRECEDENT_BENCH_REMOTE_N`: inputs per phase (default 20,000).
 //! - `PRECEDENT_BENCH_REMOTE_BATCH`: inputs per claim and per completion request
@@ -14,6 +19,7 @@
 //!   default 2). The floor runs as many threads.
 
 use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -25,7 +31,7 @@ mod common;
 #[path = "common/shop.rs"]
 mod shop_facts;
 
-use common::{env_num, serve};
+use common::{BIN, env_num, serve};
 use shop_facts::{order, shop, spec};
 
 /// A database with the `ship` queue over `n` orders.
@@ -110,6 +116,38 @@ fn remote(url: &str, n: u64, workers: usize, batch: usize) -> f64 {
     })
 }
 
+/// `precedent work ship --once --process` with ship.py, `--remote url` when given, on a
+/// database of `n` orders (the hub's when remote); inputs per second.
+fn cli_process(db: &Path, n: u64, remote: Option<&str>) -> f64 {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/handlers/ship.py");
+    let mut c = Command::new(BIN);
+    match remote {
+        Some(_) => c.arg("--db").arg(db.with_extension("absent")),
+        None => c.arg("--db").arg(db),
+    };
+    c.args(["--quiet", "work", "ship"]);
+    if let Some(url) = remote {
+        c.args(["--remote", url]);
+    }
+    let start = Instant::now();
+    let out = c
+        .args(["--once", "--process", "--in-flight", "256"])
+        .arg("--")
+        .arg("python3")
+        .arg(&python)
+        .output()
+        .unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats = Store::open(db).unwrap().queue_stats("ship").unwrap();
+    assert_eq!(stats.completed, n, "every input completed once");
+    n as f64 / secs
+}
+
 fn main() {
     let n = env_num("PRECEDENT_BENCH_REMOTE_N").unwrap_or(20_000);
     let batch = env_num("PRECEDENT_BENCH_REMOTE_BATCH").unwrap_or(500) as usize;
@@ -130,10 +168,25 @@ fn main() {
     let remote_rate = remote(&url, n, workers, batch);
     let _ = child.kill();
     let _ = child.wait();
+    let (local_p, hub_p) = (dir.path().join("process.db"), dir.path().join("hub-p.db"));
+    load(&local_p, n);
+    load(&hub_p, n);
+    let local_process = cli_process(&local_p, n, None);
+    let (mut child, url) = serve(&hub_p);
+    let remote_process = cli_process(&hub_p, n, Some(&url));
+    let _ = child.kill();
+    let _ = child.wait();
     println!(
         "remote_work: {n} inputs, {workers} workers, batch {batch}: local {floor_rate:.0}/s, \
          remote {remote_rate:.0}/s, remote/local {:.2}; load average {load_before:.2} before, {:.2} after",
         remote_rate / floor_rate,
+        common::load_average()
+    );
+    println!(
+        "remote_work --process: {n} inputs, ship.py, in-flight 256: local {local_process:.0}/s, \
+         remote {remote_process:.0}/s, remote/local {:.2}, remote/remote library {:.2}; load average {:.2}",
+        remote_process / local_process,
+        remote_process / remote_rate,
         common::load_average()
     );
 }

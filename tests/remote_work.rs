@@ -496,22 +496,6 @@ fn remote_workers_on_a_postgres_hub_complete_each_input_once() {
     assert_each_once(url, &facts[1..]);
 }
 
-#[test]
-fn remote_is_refused_with_process_or_timeout_rather_than_ignoring_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("none.db");
-    for extra in [&["--process"][..], &["--timeout", "1s"][..]] {
-        let mut args = vec!["work", "ship", "--remote", "http://127.0.0.1:9"];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&["--", "cat"]);
-        let out = cmd(&db, &args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
-        assert!(err.contains("cannot be used with"), "{extra:?}: {err}");
-        assert!(!db.exists(), "no database is opened or made");
-    }
-}
-
 /// `precedent work ship --remote URL ...` with the effect handler, as a child.
 fn remote_worker(db: &Path, url: &str, extra: &[&str]) -> Child {
     let mut args = vec!["work", "ship", "--remote", url, "--quiet"];

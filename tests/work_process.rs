@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::bin::{Db, code, stderr};
-use common::queue::{declare, import, orders, stats};
+use common::process::gone;
+use common::queue::{DIES_ONCE_AFTER_THREE, declare, import, orders, python, stats};
 
 fn example(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -42,25 +43,6 @@ fn count(db: &Db, type_name: &str) -> u64 {
     db.json(&["stats"])["per_type"][type_name]
         .as_u64()
         .unwrap_or(0)
-}
-
-/// A Python handler: `body` is the loop over requests, with `req` (the parsed request),
-/// `answer(dict)` (writes one line) and `shipped(req)` (a done answer) at hand.
-fn python(body: &str) -> Vec<String> {
-    let script = format!(
-        r#"
-import json, os, sys
-def answer(a):
-    sys.stdout.write(json.dumps(a) + "\n"); sys.stdout.flush()
-def shipped(req):
-    return {{"lease": req["lease"], "outcome": "done", "facts": [{{"type": "Shop.Shipped",
-        "fields": {{"attempt": req["attempt"]}}, "predecessors": {{"order": req["input"]["hash"]}}}}]}}
-hello = json.loads(sys.stdin.readline())
-assert hello == {{"precedent": "work", "version": 1, "queue": "ship"}}, hello
-{body}
-"#
-    );
-    vec!["python3".into(), "-c".into(), script]
 }
 
 fn run_py(db: &Db, flags: &[&str], body: &str) -> Output {
@@ -185,22 +167,8 @@ for line in sys.stdin:
 #[test]
 fn a_handler_that_dies_has_its_inputs_retried_and_is_restarted() {
     let db = shop(6, &["--backoff-base", "1ms", "--backoff-cap", "1ms"]);
-    // The first handler reads three requests and exits without answering.
-    let body = r#"
-first = not os.path.exists(os.environ["MARK"])
-open(os.environ["MARK"], "w").close()
-got = 0
-for line in sys.stdin:
-    req = json.loads(line)
-    got += 1
-    if first:
-        if got == 3:
-            sys.exit(3)
-        continue
-    answer(shipped(req))
-"#;
     let mark = db.path.with_file_name("mark");
-    let cmd = python(body);
+    let cmd = python(DIES_ONCE_AFTER_THREE);
     let mut c = db.cmd(&[
         "work",
         "ship",
@@ -312,16 +280,6 @@ open(os.environ["CLOSED"], "w").close()
     );
     assert_eq!(s["leased"], 0, "nothing left leased: {s}");
     assert_eq!(count(&db, "Shop.Shipped"), done);
-}
-
-/// Whether process `pid` is gone (or a zombie, which runs nothing).
-fn gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
 }
 
 fn read_pid(path: &PathBuf) -> i32 {

@@ -116,6 +116,11 @@ pub struct FailItem {
     /// (or after the queue's backoff, if that is later). Default none: the backoff alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// The attempt ran past the worker's time limit: a transient failure, counted in the
+    /// queue's `timed_out`. Default false (and not sent when false, so that a hub that
+    /// predates the field accepts every other failure).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
 }
 
 /// One input declared poison.

@@ -82,3 +82,13 @@ impl Drop for Server {
         kill(&mut self.child);
     }
 }
+
+/// Whether process `pid` is gone (or a zombie, which runs nothing).
+pub fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}

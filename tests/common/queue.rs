@@ -119,3 +119,38 @@ pub fn drain(db: &Path, handler: &str, counts: &[&str], pause: Duration) -> usiz
         std::thread::sleep(pause);
     }
 }
+
+/// A Python handler: `body` is the loop over requests, with `req` (the parsed request),
+/// `answer(dict)` (writes one line) and `shipped(req)` (a done answer) at hand.
+pub fn python(body: &str) -> Vec<String> {
+    let script = format!(
+        r#"
+import json, os, sys
+def answer(a):
+    sys.stdout.write(json.dumps(a) + "\n"); sys.stdout.flush()
+def shipped(req):
+    return {{"lease": req["lease"], "outcome": "done", "facts": [{{"type": "Shop.Shipped",
+        "fields": {{"attempt": req["attempt"]}}, "predecessors": {{"order": req["input"]["hash"]}}}}]}}
+hello = json.loads(sys.stdin.readline())
+assert hello == {{"precedent": "work", "version": 1, "queue": "ship"}}, hello
+{body}
+"#
+    );
+    vec!["python3".into(), "-c".into(), script]
+}
+
+/// A `--process` handler body for [`python`]: the first handler (no file at `$MARK`
+/// yet) reads three requests and exits 3 without answering; later ones answer each.
+pub const DIES_ONCE_AFTER_THREE: &str = r#"
+first = not os.path.exists(os.environ["MARK"])
+open(os.environ["MARK"], "w").close()
+got = 0
+for line in sys.stdin:
+    req = json.loads(line)
+    got += 1
+    if first:
+        if got == 3:
+            sys.exit(3)
+        continue
+    answer(shipped(req))
+"#;

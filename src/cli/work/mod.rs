@@ -1,10 +1,13 @@
 //! `precedent work QUEUE -- COMMAND ARGS..`: a worker that runs a command per input.
 //!
-//! Each of `-j` threads opens its own [`Store`] on the database file (SQLite serialises
+//! Each of `-j` threads opens its own `Store` on the database file (SQLite serialises
 //! the writers), claims a batch and runs the command once per input: the fact's JSON form
 //! on stdin, JSON Lines of facts on stdout. The facts and a completing fact are stored in
-//! the transaction that completes the input ([`Store::complete`]), so a crash at any
+//! the transaction that completes the input (`Store::complete_batch`), so a crash at any
 //! moment either stores all of them or none and the input is handed out again.
+//!
+//! The jobs reach the queue only through [`WorkQueue`] ([`seam`]): the local database, or
+//! a remote hub with `--remote` (`work_remote`), run by the same code.
 //!
 //! Exit statuses follow sysexits(3): 0 done, 75 (`EX_TEMPFAIL`) retry later, 65
 //! (`EX_DATAERR`) poison; anything else, a signal included, is a transient failure.
@@ -15,11 +18,11 @@
 mod patient;
 mod process;
 mod protocol;
+mod seam;
 mod spawn;
 
-pub(in crate::cli) use protocol::retry_after_line;
-
-pub(in crate::cli) use spawn::handler_command;
+pub(in crate::cli) use seam::{Completed, Effect, Failed, Held, WorkQueue};
+use seam::{Local, effects_of};
 use spawn::{command, describe_status, kill_group};
 
 use std::io::{Read, Write};
@@ -33,12 +36,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use precedent::queue::{FailOutcome, Failure, Lease, QueueSpec};
-use precedent::{Error, Fact, Store, json};
+use precedent::queue::Failure;
+use precedent::{Error, json};
 
 use super::queue::parse_duration;
 use super::{Failure as CliFailure, Global, Status, exit};
-use patient::{BACKOFF, BACKOFF_CAP, OUTAGE, patiently};
+use patient::{BACKOFF, BACKOFF_CAP, OUTAGE};
 
 /// The options of `precedent work`.
 #[derive(Args, Debug)]
@@ -71,8 +74,8 @@ pub struct WorkArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub timeout: Option<i64>,
     /// Work on the queue of the hub at this URL (`precedent serve`) instead of a local
-    /// database (a command per input: not with --process or --timeout yet).
-    #[arg(long, value_name = "URL", conflicts_with_all = ["process", "timeout"])]
+    /// database.
+    #[arg(long, value_name = "URL")]
     pub remote: Option<String>,
     /// Bearer token for --remote.
     #[arg(long, env = "PRECEDENT_TOKEN", hide_env_values = true)]
@@ -83,10 +86,10 @@ pub struct WorkArgs {
 }
 
 /// What every job shares.
-struct Shared {
+pub(in crate::cli) struct Shared {
     args: WorkArgs,
-    spec: QueueSpec,
-    db: PathBuf,
+    /// The local database, for the handler's `PRECEDENT_DB`; none for a remote hub.
+    db: Option<PathBuf>,
     /// Set on SIGINT/SIGTERM: claim nothing more.
     stop: Arc<AtomicBool>,
     /// Jobs claiming or holding leases, for `--once`: a job stops when nothing is ready
@@ -112,26 +115,42 @@ pub fn work(g: &Global, args: WorkArgs) -> anyhow::Result<Status> {
         })?;
     drop(store);
     let db = std::fs::canonicalize(&g.db).unwrap_or_else(|_| g.db.clone());
+    let g = g.clone();
+    run_jobs(args, Some(db), move || {
+        let store = g.open(false)?;
+        let spec = spec.clone();
+        Ok(Local { store, spec })
+    })
+}
+
+/// Runs `-j` jobs, each on its own queue from `open` (called in the job's thread), each
+/// running a command per input or, with `--process`, a long-running handler; until
+/// stopped (or, with `--once`, until nothing is ready).
+pub(in crate::cli) fn run_jobs<Q: WorkQueue + 'static>(
+    args: WorkArgs,
+    db: Option<PathBuf>,
+    open: impl Fn() -> anyhow::Result<Q> + Send + Sync + 'static,
+) -> anyhow::Result<Status> {
     let stop = Arc::new(AtomicBool::new(false));
     stop_on_signal(stop.clone());
     let jobs = args.jobs.max(1);
     let shared = Arc::new(Shared {
         args,
-        spec,
         db,
         stop,
         busy: AtomicUsize::new(0),
         ended_badly: AtomicUsize::new(0),
     });
+    let open = Arc::new(open);
     let handles: Vec<_> = (0..jobs)
         .map(|_| {
-            let shared = shared.clone();
-            let g = g.clone();
+            let (shared, open) = (shared.clone(), open.clone());
             std::thread::spawn(move || {
+                let q = open()?;
                 if shared.args.process {
-                    process::job(&g, &shared)
+                    process::job(&q, &shared)
                 } else {
-                    job(&g, &shared)
+                    job(&q, &shared)
                 }
             })
         })
@@ -170,12 +189,11 @@ pub fn work(g: &Global, args: WorkArgs) -> anyhow::Result<Status> {
 /// after a pause that doubles from 100 ms to 5 s, reconnecting, for up to 5 minutes of
 /// failures in a row. Inputs whose completion was lost with the connection are handed out
 /// again when their leases expire; none is completed twice, as a completion is refused on
-/// a lease that is no longer live.
-fn job(g: &Global, sh: &Shared) -> anyhow::Result<()> {
-    let store = g.open(false)?;
+/// a lease that is no longer live. (A hub's calls wait out its outages themselves.)
+fn job<Q: WorkQueue>(q: &Q, sh: &Shared) -> anyhow::Result<()> {
     let mut outage: Option<(Instant, Duration)> = None;
     while !sh.stop.load(Ordering::Relaxed) {
-        match step(&store, sh) {
+        match step(q, sh) {
             Ok(Step::Done) => return Ok(()),
             Ok(Step::Again) => outage = None,
             Err(e) if e.downcast_ref::<Error>().is_some_and(Error::is_unavailable) => {
@@ -204,16 +222,27 @@ enum Step {
     Done,
 }
 
+/// The long-poll wait of a claim on a hub when nothing is in hand and not `--once`.
+const CLAIM_WAIT: Duration = Duration::from_secs(20);
+
+/// How long a claim may wait for a first input: a hub's long poll unless `--once`.
+fn claim_wait(sh: &Shared) -> Duration {
+    if sh.args.once {
+        Duration::ZERO
+    } else {
+        CLAIM_WAIT
+    }
+}
+
 /// Claims one batch and runs it; or, with nothing ready, waits the poll interval.
-fn step(store: &Store, sh: &Shared) -> anyhow::Result<Step> {
+fn step<Q: WorkQueue>(q: &Q, sh: &Shared) -> anyhow::Result<Step> {
     let a = &sh.args;
     sh.busy.fetch_add(1, Ordering::SeqCst);
-    let claimed = patiently("claim", || store.claim(&a.queue, a.batch.max(1)));
-    let mut leases = match claimed {
+    let mut leases = match q.claim(a.batch.max(1), claim_wait(sh)) {
         Ok(l) => l,
         Err(e) => {
             sh.busy.fetch_sub(1, Ordering::SeqCst);
-            return Err(e.into());
+            return Err(e);
         }
     };
     if leases.is_empty() {
@@ -225,13 +254,10 @@ fn step(store: &Store, sh: &Shared) -> anyhow::Result<Step> {
         idle(sh, Duration::from_millis(wait));
         return Ok(Step::Again);
     }
-    let result = run_batch(store, sh, &mut leases);
+    let result = run_batch(q, sh, &mut leases);
     // Whatever happened, leases not started are given back, not left to expire.
     for lease in leases.drain(..) {
-        match patiently("release a lease", || store.release(lease.clone())) {
-            Ok(()) | Err(Error::LeaseLost { .. }) => {}
-            Err(e) => eprintln!("warning: cannot release a lease: {e}"),
-        }
+        q.release(lease);
     }
     sh.busy.fetch_sub(1, Ordering::SeqCst);
     result.map(|()| Step::Again)
@@ -251,10 +277,10 @@ fn idle(sh: &Shared, d: Duration) {
 
 /// Runs the command for each lease in turn, front first, removing each from `leases` as
 /// it starts; stops starting new ones on a stop request.
-fn run_batch(store: &Store, sh: &Shared, leases: &mut Vec<Lease>) -> anyhow::Result<()> {
+fn run_batch<Q: WorkQueue>(q: &Q, sh: &Shared, leases: &mut Vec<Q::Lease>) -> anyhow::Result<()> {
     while !leases.is_empty() && !sh.stop.load(Ordering::Relaxed) {
         let lease = leases.remove(0);
-        let outcome = handle(store, sh, lease, leases)?;
+        let outcome = handle(q, sh, lease, leases)?;
         log_line(&outcome);
     }
     Ok(())
@@ -265,13 +291,13 @@ type Outcome = String;
 
 /// Runs the command for one input and completes or fails it. `waiting` are this job's
 /// other leases, kept alive too while the command runs.
-fn handle(
-    store: &Store,
+fn handle<Q: WorkQueue>(
+    q: &Q,
     sh: &Shared,
-    lease: Lease,
-    waiting: &mut [Lease],
+    lease: Q::Lease,
+    waiting: &mut [Q::Lease],
 ) -> anyhow::Result<Outcome> {
-    let hash = lease.input.hash();
+    let hash = lease.input().hash();
     let short = &hash.to_string()[..12];
     let Ran {
         status,
@@ -279,7 +305,7 @@ fn handle(
         stderr,
         lease,
         timed_out,
-    } = run_command(store, sh, lease, waiting)?;
+    } = run_command(q, sh, lease, waiting)?;
     // The handler's stderr, kept in the log with the input it was about.
     let stderr = String::from_utf8_lossy(&stderr);
     for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
@@ -293,25 +319,27 @@ fn handle(
         .trim()
         .to_string();
     if let Some(limit) = timed_out {
-        return failed(store, sh, &lease, self::timed_out(limit));
+        return failed(q, sh, &lease, self::timed_out(limit));
     }
     let failure = match status.code() {
-        Some(0) => match complete(store, &sh.spec, &lease, &stdout) {
-            Ok(n) => return Ok(format!("{short} done ({n} facts)")),
-            Err(CompleteError::LeaseLost) => {
-                return Ok(format!(
-                    "{short} lease lost: another worker has it; nothing written"
-                ));
-            }
-            Err(CompleteError::Store(e)) => return Err(e.into()),
-            Err(CompleteError::Output(reason)) => Failure::Transient(reason),
+        Some(0) => match effects_of(&stdout) {
+            Ok(effects) => match q.complete(&[(lease.clone(), effects)])?.pop() {
+                Some(Completed::Done(n)) => return Ok(format!("{short} done ({n} facts)")),
+                Some(Completed::LeaseLost) | None => {
+                    return Ok(format!(
+                        "{short} lease lost: another worker has it; nothing written"
+                    ));
+                }
+                Some(Completed::Refused(reason)) => Failure::Transient(reason),
+            },
+            Err(reason) => Failure::Transient(reason),
         },
         Some(75) => {
             let reason = with_stderr("exit 75 (retry later)", &last_err);
             return match protocol::retry_after_line(&stdout) {
-                Ok(after) => failed_after(store, sh, &lease, Failure::Transient(reason), after),
+                Ok(after) => failed_after(q, sh, &lease, Failure::Transient(reason), after),
                 Err(bad) => failed(
-                    store,
+                    q,
                     sh,
                     &lease,
                     Failure::Transient(format!("{reason}; {bad}")),
@@ -325,47 +353,47 @@ fn handle(
             &last_err,
         )),
     };
-    failed(store, sh, &lease, failure)
+    failed(q, sh, &lease, failure)
 }
 
-/// Fails `lease` (waiting out a locked database) and says what became of it, as one log
-/// line; counts dead letters and poison for `--once`.
-fn failed(store: &Store, sh: &Shared, lease: &Lease, failure: Failure) -> anyhow::Result<Outcome> {
-    failed_after(store, sh, lease, failure, None)
+/// Fails `lease` and says what became of it, as one log line; counts dead letters and
+/// poison for `--once`.
+fn failed<Q: WorkQueue>(
+    q: &Q,
+    sh: &Shared,
+    lease: &Q::Lease,
+    failure: Failure,
+) -> anyhow::Result<Outcome> {
+    failed_after(q, sh, lease, failure, None)
 }
 
 /// [`failed`], a retry not before `retry_after_ms` from now when given.
-fn failed_after(
-    store: &Store,
+fn failed_after<Q: WorkQueue>(
+    q: &Q,
     sh: &Shared,
-    lease: &Lease,
+    lease: &Q::Lease,
     failure: Failure,
     retry_after_ms: Option<i64>,
 ) -> anyhow::Result<Outcome> {
-    let short = &lease.input.hash().to_string()[..12];
+    let short = &lease.input().hash().to_string()[..12];
     let what = failure.reason().to_string();
-    let result = patiently("record a failure", || match retry_after_ms {
-        Some(ms) => store.fail_not_before(lease, failure.clone(), ms),
-        None => store.fail(lease, failure.clone()),
-    });
     let bad = |n: &AtomicUsize| n.fetch_add(1, Ordering::Relaxed);
-    Ok(match result {
-        Ok(FailOutcome::Retry { at_ms }) => {
+    Ok(match q.fail(lease, failure, retry_after_ms)? {
+        Failed::Retry(at_ms) => {
             let now = precedent::clock::Clock::now_ms(&precedent::clock::SystemClock);
             let wait = super::time::format_duration_ms(at_ms - now);
             format!("{short} retry in {wait}: {what}")
         }
-        Ok(FailOutcome::DeadLettered(h)) => {
+        Failed::Dead(h) => {
             bad(&sh.ended_badly);
             format!("{short} dead-lettered as {h}: {what}")
         }
-        Ok(FailOutcome::Poisoned(h)) => {
+        Failed::Poison(h) => {
             bad(&sh.ended_badly);
             format!("{short} poison as {h}: {what}")
         }
-        Ok(FailOutcome::Dropped) => format!("{short} failed, dropped (at-most-once): {what}"),
-        Err(Error::LeaseLost { .. }) => format!("{short} lease lost before failing: {what}"),
-        Err(e) => return Err(e.into()),
+        Failed::Dropped => format!("{short} failed, dropped (at-most-once): {what}"),
+        Failed::LeaseLost => format!("{short} lease lost before failing: {what}"),
     })
 }
 
@@ -396,12 +424,12 @@ fn with_stderr(head: &str, last: &str) -> String {
 }
 
 /// How a command for one input ended.
-struct Ran {
+struct Ran<L> {
     status: ExitStatus,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
     /// The lease as last extended.
-    lease: Lease,
+    lease: L,
     /// `--timeout`, if the command ran past it and its process group was killed.
     timed_out: Option<Duration>,
 }
@@ -409,16 +437,16 @@ struct Ran {
 /// Starts the command with the input on stdin and waits for it, extending this job's
 /// leases every third of the lease duration meanwhile, and killing its process group if
 /// it runs past `--timeout`.
-fn run_command(
-    store: &Store,
+fn run_command<Q: WorkQueue>(
+    q: &Q,
     sh: &Shared,
-    mut lease: Lease,
-    waiting: &mut [Lease],
-) -> anyhow::Result<Ran> {
+    mut lease: Q::Lease,
+    waiting: &mut [Q::Lease],
+) -> anyhow::Result<Ran<Q::Lease>> {
     let program = &sh.args.command[0];
     let spawned = command(sh)
-        .env("PRECEDENT_INPUT_HASH", lease.input.hash().to_string())
-        .env("PRECEDENT_ATTEMPT", lease.attempt.to_string())
+        .env("PRECEDENT_INPUT_HASH", lease.input().hash().to_string())
+        .env("PRECEDENT_ATTEMPT", lease.attempt().to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -427,7 +455,7 @@ fn run_command(
         Ok(c) => c,
         Err(e) => {
             // Not the input's fault: give it back uncounted and stop the worker.
-            let _ = store.release(lease);
+            q.release(lease);
             return Err(CliFailure::error(
                 exit::INVALID,
                 format!("cannot run {program}: {e}"),
@@ -435,7 +463,7 @@ fn run_command(
         }
     };
     let pid = child.id();
-    let mut input = json::to_json(&lease.input).to_string();
+    let mut input = json::to_json(lease.input()).to_string();
     input.push('\n');
     let mut stdin = child.stdin.take().expect("piped");
     // A command that does not read its stdin closes the pipe; that is not an error.
@@ -456,7 +484,7 @@ fn run_command(
         let err = errs.join().unwrap_or_default();
         let _ = tx.send(child.wait().map(|s| (s, out, err)));
     });
-    let beat = Duration::from_millis((sh.spec.lease_ms / 3).max(1) as u64);
+    let beat = Duration::from_millis((q.lease_ms(&lease) / 3).max(1) as u64);
     let limit = sh
         .args
         .timeout
@@ -480,10 +508,10 @@ fn run_command(
                 }
                 if beaten.elapsed() >= beat {
                     beaten = Instant::now();
-                    lease = extend(store, lease)?;
-                    for w in waiting.iter_mut() {
-                        *w = extend(store, w.clone())?;
-                    }
+                    let mut all: Vec<&mut Q::Lease> = std::iter::once(&mut lease)
+                        .chain(waiting.iter_mut())
+                        .collect();
+                    q.extend(&mut all)?;
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -499,103 +527,6 @@ fn run_command(
         lease,
         timed_out,
     })
-}
-
-/// Extends a lease; a lost one is kept as it is (completing it will be refused), and so
-/// is one that cannot be extended while the database server is unavailable: the command
-/// runs on, and its completion is tried when it ends (refused if the lease expired
-/// meanwhile).
-fn extend(store: &Store, lease: Lease) -> anyhow::Result<Lease> {
-    match patiently("extend a lease", || store.extend(&lease)) {
-        Ok(l) => Ok(l),
-        Err(Error::LeaseLost { .. }) => Ok(lease),
-        Err(e) if e.is_unavailable() => {
-            eprintln!("warning: cannot extend a lease: {e}");
-            Ok(lease)
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-enum CompleteError {
-    LeaseLost,
-    /// The command's output could not be stored: a transient failure with this reason.
-    Output(String),
-    Store(Error),
-}
-
-/// Stores the facts of `stdout` and, unless one of them completes the input, a completing
-/// fact of our own, in the transaction that completes the input. Returns the fact count.
-fn complete(
-    store: &Store,
-    spec: &QueueSpec,
-    lease: &Lease,
-    stdout: &[u8],
-) -> Result<usize, CompleteError> {
-    let text = String::from_utf8_lossy(stdout);
-    let mut specs = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let s = json::parse(line)
-            .map_err(|e| CompleteError::Output(format!("stdout line {}: {e}", i + 1)))?;
-        specs.push((format!("stdout line {}", i + 1), s));
-    }
-    let result = patiently("store a completion", || {
-        store.complete(lease, |w| store_output(w, spec, lease, &specs))
-    });
-    match result {
-        Ok(n) => Ok(n),
-        Err(e) => Err(CompleteError::from(e)),
-    }
-}
-
-impl From<Error> for CompleteError {
-    fn from(e: Error) -> CompleteError {
-        match e {
-            Error::LeaseLost { .. } => CompleteError::LeaseLost,
-            e @ (Error::Backend(_) | Error::Io(_) | Error::Corrupt { .. }) => {
-                CompleteError::Store(e)
-            }
-            e => CompleteError::Output(format!("cannot store the output: {e}")),
-        }
-    }
-}
-
-/// Stores a handler's facts (`specs`, each with where it was read, for errors) in the
-/// transaction completing `lease` and, unless one of them completes the input, a
-/// completing fact of our own. Returns the fact count.
-fn store_output<W: std::fmt::Display>(
-    w: &mut precedent::Writer<'_>,
-    spec: &QueueSpec,
-    lease: &Lease,
-    specs: &[(W, json::FactSpec)],
-) -> Result<usize, Error> {
-    let input = lease.input.hash();
-    let mut facts: Vec<Fact> = Vec::new();
-    for (at, s) in specs {
-        let resolved = json::resolve(s, &mut |p| w.resolve_prefix(p)).map_err(|e| Error::Json {
-            reason: format!("{at}: {e}"),
-        })?;
-        facts.extend(resolved);
-    }
-    let completes = facts.iter().any(|f| {
-        spec.completions.iter().any(|c| {
-            f.type_name() == c.type_name
-                && f.predecessors()
-                    .get(&c.role)
-                    .is_some_and(|set| set.contains(&input))
-        })
-    });
-    if !completes {
-        // Deterministic per input: a retry after a crash writes the same fact.
-        facts.push(lease.completion().field("by", "precedent work").build()?);
-    }
-    for f in &facts {
-        w.insert(f)?;
-    }
-    Ok(facts.len())
 }
 
 /// Sets `stop` on SIGINT or SIGTERM. The worker then claims nothing more, lets running

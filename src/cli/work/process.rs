@@ -4,8 +4,10 @@
 //! line per input on its stdin, one answer line per input on its stdout, in any order
 //! (docs/queues.md, "Long-running handlers"). Each round the job reads the answers that
 //! have arrived, claims and sends inputs for the slots they freed, and only then commits
-//! the answered ones in one transaction ([`Store::complete_batch`]), so the handler works
-//! on the next inputs while the previous ones commit.
+//! the answered ones as one batch ([`WorkQueue::complete`]: one transaction locally, one
+//! request to a hub), so the handler works on the next inputs while the previous ones
+//! commit. The queue is a local database or a remote hub ([`WorkQueue`]): the driver is
+//! the same.
 //!
 //! A handler that exits, writes a line that names no input in flight, or stops answering
 //! past `--timeout` is stopped (its whole process group) and started again after a
@@ -19,12 +21,12 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use precedent::queue::{Failure, Lease};
-use precedent::{Error, FactHash, Store};
+use precedent::queue::Failure;
 
-use super::patient::{BACKOFF, BACKOFF_CAP, patiently};
+use super::patient::{BACKOFF, BACKOFF_CAP};
 use super::protocol::{self, Answer, Malformed, Outcome};
-use super::{CompleteError, Global, Shared, failed, failed_after, idle, log_line, store_output};
+use super::seam::{Completed, Effect, Held, WorkQueue};
+use super::{Shared, claim_wait, failed, failed_after, idle, log_line};
 use crate::cli::{Failure as CliFailure, exit};
 
 /// What the reader of a handler's stdout reports.
@@ -159,23 +161,25 @@ impl Handler {
 }
 
 /// An input sent to the handler.
-struct InFlight {
-    lease: Lease,
+struct InFlight<L> {
+    lease: L,
     sent: Instant,
+    /// When its lease was taken or last extended.
+    extended: Instant,
 }
 
 /// An answered input, waiting for its round's commit.
-enum Answered {
-    Done(Lease, Vec<(String, precedent::json::FactSpec)>),
-    Failed(Lease, Failure, Option<i64>),
+enum Answered<L> {
+    Done(L, Vec<Effect>),
+    Failed(L, Failure, Option<i64>),
 }
 
 /// One job of `work --process`.
-struct Job<'a> {
-    store: Store,
+struct Job<'a, Q: WorkQueue> {
+    q: &'a Q,
     sh: &'a Shared,
     handler: Handler,
-    flight: HashMap<u64, InFlight>,
+    flight: HashMap<u64, InFlight<Q::Lease>>,
     /// Leases failed for a timeout while the handler had them: a late answer is ignored.
     abandoned: HashSet<u64>,
     next_id: u64,
@@ -196,11 +200,10 @@ const GRACE: Duration = Duration::from_secs(10);
 
 /// Runs one `--process` job until stopped (or, with `--once`, until nothing is ready),
 /// then closes the handler's stdin and waits for it.
-pub(super) fn job(g: &Global, sh: &Shared) -> anyhow::Result<()> {
-    let store = g.open(false)?;
+pub(super) fn job<Q: WorkQueue>(q: &Q, sh: &Shared) -> anyhow::Result<()> {
     let handler = Handler::start(sh)?;
     let mut job = Job {
-        store,
+        q,
         sh,
         handler,
         flight: HashMap::new(),
@@ -222,7 +225,7 @@ pub(super) fn job(g: &Global, sh: &Shared) -> anyhow::Result<()> {
     result
 }
 
-impl Job<'_> {
+impl<Q: WorkQueue> Job<'_, Q> {
     fn run(&mut self) -> anyhow::Result<()> {
         loop {
             let stopping = self.sh.stop.load(Ordering::Relaxed);
@@ -256,7 +259,13 @@ impl Job<'_> {
             self.sh.busy.fetch_add(1, Ordering::SeqCst);
             self.holding = true;
         }
-        let leases = patiently("claim", || self.store.claim(&a.queue, free))?;
+        // A hub's long poll only when nothing is in hand: answers must not wait on it.
+        let wait = if self.flight.is_empty() && pending == 0 {
+            claim_wait(self.sh)
+        } else {
+            Duration::ZERO
+        };
+        let leases = self.q.claim(free, wait)?;
         if !leases.is_empty() {
             for lease in leases {
                 self.send(lease);
@@ -281,16 +290,24 @@ impl Job<'_> {
         Ok(false)
     }
 
-    fn send(&mut self, lease: Lease) {
+    fn send(&mut self, lease: Q::Lease) {
         let id = self.next_id;
         self.next_id += 1;
         self.handler.send(protocol::request(id, &lease));
         let sent = Instant::now();
-        self.flight.insert(id, InFlight { lease, sent });
+        let extended = sent;
+        self.flight.insert(
+            id,
+            InFlight {
+                lease,
+                sent,
+                extended,
+            },
+        );
     }
 
     /// Waits up to a tick for an answer, then takes every answer already there.
-    fn gather(&mut self) -> anyhow::Result<Vec<Answered>> {
+    fn gather(&mut self) -> anyhow::Result<Vec<Answered<Q::Lease>>> {
         let mut answered = Vec::new();
         let mut next = match self.handler.lines.recv_timeout(TICK) {
             Ok(line) => Some(line),
@@ -321,7 +338,12 @@ impl Job<'_> {
 
     /// Reads one answer line. A line that names no input in flight is an error (the
     /// handler is restarted); one that names an input but is malformed fails that input.
-    fn take(&mut self, n: usize, text: &str, out: &mut Vec<Answered>) -> Result<(), String> {
+    fn take(
+        &mut self,
+        n: usize,
+        text: &str,
+        out: &mut Vec<Answered<Q::Lease>>,
+    ) -> Result<(), String> {
         if text.trim().is_empty() {
             return Ok(());
         }
@@ -366,7 +388,7 @@ impl Job<'_> {
 
     /// Stops the handler for `why`, fails what it had in flight (into `out`, committed
     /// with the round), and starts it again after the restart pause.
-    fn restart(&mut self, why: &str, out: &mut Vec<Answered>) -> anyhow::Result<()> {
+    fn restart(&mut self, why: &str, out: &mut Vec<Answered<Q::Lease>>) -> anyhow::Result<()> {
         let how = self.handler.kill();
         eprintln!(
             "error: {why}; restarting the handler in {} ms (it ended: {how})",
@@ -384,64 +406,60 @@ impl Job<'_> {
         Ok(())
     }
 
-    /// Commits the round: the done inputs in one transaction, then each failure.
-    fn commit(&mut self, answered: Vec<Answered>) -> anyhow::Result<()> {
+    /// Commits the round: the done inputs as one batch, then each failure.
+    fn commit(&mut self, answered: Vec<Answered<Q::Lease>>) -> anyhow::Result<()> {
         let mut done = Vec::new();
-        let mut facts: HashMap<FactHash, Vec<(String, precedent::json::FactSpec)>> = HashMap::new();
         let mut fails = Vec::new();
         for a in answered {
             match a {
-                Answered::Done(lease, specs) => {
-                    facts.insert(lease.input.hash(), specs);
-                    done.push(lease);
-                }
+                Answered::Done(lease, effects) => done.push((lease, effects)),
                 Answered::Failed(lease, failure, after) => fails.push((lease, failure, after)),
             }
         }
         if !done.is_empty() {
-            let spec = &self.sh.spec;
-            let mut counts = HashMap::new();
-            let results = patiently("store completions", || {
-                self.store.complete_batch(&done, |w, lease| {
-                    let n = store_output(w, spec, lease, &facts[&lease.input.hash()])?;
-                    counts.insert(lease.input.hash(), n);
-                    Ok(())
-                })
-            })?;
-            for (lease, result) in done.into_iter().zip(results) {
-                let short = &lease.input.hash().to_string()[..12];
-                match result.map_err(CompleteError::from) {
-                    Ok(()) => {
-                        let n = counts.get(&lease.input.hash()).copied().unwrap_or(0);
-                        log_line(&format!("{short} done ({n} facts)"));
-                    }
-                    Err(CompleteError::LeaseLost) => log_line(&format!(
+            let results = self.q.complete(&done)?;
+            for ((lease, _), result) in done.into_iter().zip(results) {
+                let short = &lease.input().hash().to_string()[..12];
+                match result {
+                    Completed::Done(n) => log_line(&format!("{short} done ({n} facts)")),
+                    // At least once: the input is offered again (or another worker has
+                    // it already).
+                    Completed::LeaseLost => log_line(&format!(
                         "{short} lease lost: another worker has it; nothing written"
                     )),
-                    Err(CompleteError::Store(e)) => return Err(e.into()),
-                    Err(CompleteError::Output(reason)) => {
+                    Completed::Refused(reason) => {
                         fails.push((lease, Failure::Transient(reason), None));
                     }
                 }
             }
         }
         for (lease, failure, after) in fails {
-            let line = failed_after(&self.store, self.sh, &lease, failure, after)?;
+            let line = failed_after(self.q, self.sh, &lease, failure, after)?;
             log_line(&line);
         }
         Ok(())
     }
 
-    /// Extends the leases of inputs in flight for more than a third of the lease.
+    /// Extends, in one call, the leases of inputs in flight for more than a third of the
+    /// lease since it was taken or last extended.
     fn extend_leases(&mut self) -> anyhow::Result<()> {
-        let lease_ms = self.sh.spec.lease_ms;
-        let now = precedent::clock::Clock::now_ms(&precedent::clock::SystemClock);
-        for f in self.flight.values_mut() {
-            if f.lease.expires_at_ms - now < lease_ms * 2 / 3 {
-                f.lease = super::extend(&self.store, f.lease.clone())?;
-            }
+        let q = self.q;
+        let due: Vec<&mut InFlight<Q::Lease>> = (self.flight.values_mut())
+            .filter(|f| {
+                let third = (q.lease_ms(&f.lease) / 3).max(1) as u64;
+                f.extended.elapsed() >= Duration::from_millis(third)
+            })
+            .collect();
+        if due.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let now = Instant::now();
+        let mut leases = Vec::with_capacity(due.len());
+        for f in due {
+            f.extended = now;
+            leases.push(&mut f.lease);
+        }
+        q.extend(&mut leases)
     }
 
     /// Fails the inputs in flight for longer than `--timeout`; restarts a handler that
@@ -462,7 +480,7 @@ impl Job<'_> {
             let f = self.flight.remove(&id).expect("listed");
             stuck |= self.last_answer <= f.sent;
             self.abandoned.insert(id);
-            let line = failed(&self.store, self.sh, &f.lease, super::timed_out(limit))?;
+            let line = failed(self.q, self.sh, &f.lease, super::timed_out(limit))?;
             log_line(&line);
         }
         if stuck {
@@ -476,10 +494,7 @@ impl Job<'_> {
     /// Gives back, uncounted, the inputs in flight when the job stops on an error.
     fn give_back(&mut self) {
         for (_, f) in self.flight.drain() {
-            match self.store.release(f.lease) {
-                Ok(()) | Err(Error::LeaseLost { .. }) => {}
-                Err(e) => eprintln!("warning: cannot release a lease: {e}"),
-            }
+            self.q.release(f.lease);
         }
     }
 }

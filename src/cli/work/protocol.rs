@@ -1,8 +1,9 @@
 //! The lines of the `--process` protocol (docs/queues.md, "Long-running handlers"): what
 //! precedent writes to a handler's stdin and how its answers on stdout are read.
 
-use precedent::json::{self, FactSpec, JsonValue};
-use precedent::queue::Lease;
+use precedent::json::{self, JsonValue};
+
+use super::seam::{Effect, Held};
 
 /// The protocol version in the first line precedent writes.
 pub(super) const VERSION: u32 = 1;
@@ -17,22 +18,22 @@ pub(super) fn hello(queue: &str) -> String {
 }
 
 /// One input for the handler: `{"lease":ID,"queue":..,"attempt":N,"input":FACT}`.
-pub(super) fn request(id: u64, lease: &Lease) -> String {
+pub(super) fn request(id: u64, lease: &impl Held) -> String {
     let mut v = JsonValue::object();
     v.insert("lease", JsonValue::of(&id).expect("an integer"));
-    v.insert("queue", lease.queue.as_str());
+    v.insert("queue", lease.queue());
     v.insert(
         "attempt",
-        JsonValue::of(&lease.attempt).expect("an integer"),
+        JsonValue::of(&lease.attempt()).expect("an integer"),
     );
-    v.insert("input", json::to_json(&lease.input));
+    v.insert("input", json::to_json(lease.input()));
     v.to_string() + "\n"
 }
 
 /// What a handler said of one input.
 pub(super) enum Outcome {
-    /// Complete it with these facts (each with where it was read, for errors).
-    Done(Vec<(String, FactSpec)>),
+    /// Complete it with these facts.
+    Done(Vec<Effect>),
     /// A transient failure, retried after the queue's backoff or `retry_after` ms,
     /// whichever is later.
     Retry {
@@ -114,7 +115,7 @@ fn or_default(reason: String, default: &str) -> String {
 }
 
 /// The `"facts"` of a `done` answer: an array of facts in the export form.
-fn facts(v: &JsonValue, at: &str) -> Result<Vec<(String, FactSpec)>, String> {
+fn facts(v: &JsonValue, at: &str) -> Result<Vec<Effect>, String> {
     let items = match v.get("facts") {
         None | Some(JsonValue::Null) => return Ok(Vec::new()),
         Some(JsonValue::Array(items)) => items,
@@ -124,10 +125,12 @@ fn facts(v: &JsonValue, at: &str) -> Result<Vec<(String, FactSpec)>, String> {
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            let place = format!("{at}, facts[{i}]");
-            json::spec_from_json(f, "")
-                .map(|s| (place.clone(), s))
-                .map_err(|e| format!("facts[{i}]: {e}"))
+            let spec = json::spec_from_json(f, "").map_err(|e| format!("facts[{i}]: {e}"))?;
+            Ok(Effect {
+                at: format!("{at}, facts[{i}]"),
+                spec,
+                text: f.to_string(),
+            })
         })
         .collect()
 }
@@ -148,7 +151,7 @@ fn retry_after(v: &JsonValue) -> Result<Option<i64>, String> {
 /// Process-per-input mode: the delay a command that exits 75 asks for, in the last
 /// non-empty line of its stdout, `{"retry_after":"30s"}`. None if that line is not a
 /// JSON object with `retry_after`.
-pub(in crate::cli) fn retry_after_line(stdout: &[u8]) -> Result<Option<i64>, String> {
+pub(super) fn retry_after_line(stdout: &[u8]) -> Result<Option<i64>, String> {
     let text = String::from_utf8_lossy(stdout);
     let Some(last) = text.lines().rev().find(|l| !l.trim().is_empty()) else {
         return Ok(None);

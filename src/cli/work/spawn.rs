@@ -4,24 +4,22 @@
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus};
 
-use super::{Shared, WorkArgs};
+use super::Shared;
 
 /// The handler command, with its environment, in a process group of its own (a Ctrl-C
 /// at the terminal stops the worker's claiming, not the commands it lets finish; a
 /// timeout kills the whole group), and killed if the worker dies (Linux).
 pub(super) fn command(sh: &Shared) -> Command {
-    let mut cmd = handler_command(&sh.args);
-    cmd.env("PRECEDENT_DB", &sh.db);
-    cmd
-}
-
-/// [`command`] without a database: for a worker whose queue is on a remote hub.
-pub(in crate::cli) fn handler_command(args: &WorkArgs) -> Command {
+    let args = &sh.args;
     let (program, rest) = args.command.split_first().expect("clap requires COMMAND");
     let mut cmd = Command::new(program);
     cmd.args(rest)
         .env("PRECEDENT_QUEUE", &args.queue)
         .process_group(0);
+    // A worker of a remote hub has no database to name.
+    if let Some(db) = &sh.db {
+        cmd.env("PRECEDENT_DB", db);
+    }
     #[cfg(target_os = "linux")]
     {
         // SAFETY: prctl(2) and getppid(2) are async-signal-safe and touch no memory of

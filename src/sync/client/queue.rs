@@ -207,6 +207,7 @@ impl RemoteQueue {
             reason: reason.to_string(),
             permanent,
             retry_after_ms: None,
+            timed_out: false,
         });
         self.batch("fail", leases.collect())
     }
@@ -223,6 +224,24 @@ impl RemoteQueue {
             reason: reason.to_string(),
             permanent: false,
             retry_after_ms: Some(delay.as_millis().min(u64::MAX as u128) as u64),
+            timed_out: false,
+        });
+        self.batch("fail", leases.collect())
+    }
+
+    /// Records attempts that ran past the worker's time limit, `(lease, reason)`: transient
+    /// failures, retried as [`RemoteQueue::fail`] does, and counted in the queue's
+    /// `timed_out` (`queue stats`).
+    ///
+    /// # Errors
+    /// As [`RemoteQueue::complete`].
+    pub fn fail_timed_out(&self, items: &[(&str, &str)]) -> Result<Vec<LeaseResult>> {
+        let leases = items.iter().map(|(id, reason)| FailItem {
+            lease: id.to_string(),
+            reason: reason.to_string(),
+            permanent: false,
+            retry_after_ms: None,
+            timed_out: true,
         });
         self.batch("fail", leases.collect())
     }

@@ -70,6 +70,8 @@ pub(super) async fn action(
             let items = b.leases.into_iter().map(|i| {
                 let f = if i.permanent {
                     Attempt::Permanent(i.reason)
+                } else if i.timed_out {
+                    Attempt::TimedOut { reason: i.reason }
                 } else {
                     Attempt::Transient(i.reason)
                 };
@@ -91,8 +93,7 @@ pub(super) async fn action(
 const CLAIM_SHAPE: &str = r#"{"n": N, "wait_ms": MS}"#;
 const COMPLETE_SHAPE: &str = r#"{"leases": [{"lease": ID, "facts": [FACT, ...]}, ...]}"#;
 const EXTEND_SHAPE: &str = r#"{"leases": [{"lease": ID}, ...]}"#;
-const FAIL_SHAPE: &str =
-    r#"{"leases": [{"lease": ID, "reason": TEXT, "permanent": BOOL, "retry_after_ms": MS}, ...]}"#;
+const FAIL_SHAPE: &str = r#"{"leases": [{"lease": ID, "reason": TEXT, "permanent": BOOL, "retry_after_ms": MS, "timed_out": BOOL}, ...]}"#;
 const POISON_SHAPE: &str = r#"{"leases": [{"lease": ID, "reason": TEXT}, ...]}"#;
 
 /// Parses a body, or 400 saying what shape it should have and where it went wrong.
