@@ -5,8 +5,12 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::bin::{cmd, code, run_ok, stderr};
@@ -116,6 +120,86 @@ fn the_python_example_against_a_hub_completes_every_input_once() {
     let exported = String::from_utf8(run_ok(&db, &["export"], b"").stdout).unwrap();
     assert!(!exported.contains("precedent work"), "{exported}");
     assert!(stderr(&out).contains("ship.py serving queue ship"));
+}
+
+/// A TCP proxy on 127.0.0.1 in front of `upstream` that counts, in what clients send,
+/// the request lines that start with `line` (each connection's bytes scanned as they
+/// pass, so requests kept alive on one connection are each counted).
+struct CountingProxy {
+    url: String,
+    count: Arc<AtomicUsize>,
+}
+
+impl CountingProxy {
+    fn start(upstream: &str, line: &'static str) -> CountingProxy {
+        let upstream = upstream.strip_prefix("http://").unwrap().to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let count = Arc::new(AtomicUsize::new(0));
+        let counted = count.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (mut c_read, mut s_write) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (mut s_read, mut c_write) = (server, client);
+                let counted = counted.clone();
+                std::thread::spawn(move || {
+                    // The tail of the last read, so a request line cut in two is found.
+                    let (mut buf, mut tail) = (vec![0u8; 64 * 1024], Vec::new());
+                    while let Ok(n) = c_read.read(&mut buf) {
+                        if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        tail.extend_from_slice(&buf[..n]);
+                        let found = tail
+                            .windows(line.len())
+                            .filter(|w| *w == line.as_bytes())
+                            .count();
+                        counted.fetch_add(found, Ordering::SeqCst);
+                        let keep = tail.len().min(line.len() - 1);
+                        tail.drain(..tail.len() - keep);
+                    }
+                    let _ = s_write.shutdown(std::net::Shutdown::Write);
+                });
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut s_read, &mut c_write);
+                    let _ = c_write.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        CountingProxy { url, count }
+    }
+}
+
+#[test]
+fn a_remote_process_worker_completes_its_answers_in_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("hub.db");
+    let inputs = hub_at(&db, 200, &[]);
+    let server = Server::start_with(&db, &["--listen", "127.0.0.1:0"]);
+    let proxy = CountingProxy::start(&server.url, "POST /v1/queues/ship/complete ");
+    let out = remote(
+        dir.path(),
+        &proxy.url,
+        &["--process", "--once", "--in-flight", "64"],
+        &["python3", &ship_py()],
+    )
+    .output()
+    .unwrap();
+    ok(&out);
+    assert_each_once(&db, &inputs);
+    // 200 answers, up to 64 in flight: a request per round of answers, far fewer than
+    // one per input.
+    let requests = proxy.count.load(Ordering::SeqCst);
+    assert!(
+        (1..=50).contains(&requests),
+        "{requests} complete requests for {} inputs",
+        inputs.len()
+    );
 }
 
 #[test]
