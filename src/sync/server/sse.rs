@@ -7,7 +7,8 @@
 //! polls at each wake-up of the store ([`Store::wait_for_wake`]: a commit through this
 //! server and, on PostgreSQL, a commit from any process on the database, by
 //! `LISTEN`/`NOTIFY`) and at least every poll interval (another process's write to a
-//! SQLite file), at most once per 50 ms. The changes of a poll are built once into the
+//! SQLite file), no sooner after the last poll than [`super::fanout`]'s least gap (50 ms
+//! for one client, longer with more). The changes of a poll are built once into the
 //! bytes of their events (an event per run of changes of one kind, holding the array of
 //! their results) and queued for every client, whose body writes those bytes as they are;
 //! a client joining later takes its snapshot from the shared results. A client that reads
