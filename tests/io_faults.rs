@@ -8,7 +8,7 @@
 //! nothing that returned `Ok` is lost. See docs/robustness.md, "Power loss and I/O faults".
 //!
 //! `PRECEDENT_IO_FAULT_STRIDE=1 cargo test --release --test io_faults` tries every N (the
-//! default steps N by a stride, to stay quick); `PRECEDENT_IO_FAULT=read:17:once` replays
+//! default steps N by a stride, to stay quick); `PRECEDENT_IO_FAULT=read:17` (or `read:17:always`) replays
 //! one run.
 
 mod power;

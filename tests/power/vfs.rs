@@ -12,7 +12,7 @@
 //! `pending` (the writes and truncations since the last sync, in order). `xSync` makes
 //! `data` durable. At a cut each file becomes its durable image plus a random choice of its
 //! pending operations, applied in a random order, each whole, dropped, or torn (a prefix of
-//! whole 512-byte sectors of it applied). A file whose existence was never made durable
+//! it applied, a multiple of 512 bytes long). A file whose existence was never made durable
 //! (never synced itself, and no journal or WAL beside it synced since it was created: that
 //! sync also syncs the directory, as the unix VFS does) may vanish. `xDelete` is durable at
 //! once. Shared memory (`-shm`) lives in memory with the lock semantics between
