@@ -288,6 +288,33 @@ conformance! {
 }
 
 conformance! {
+    /// Found by tests/power_loss.rs: redriven and failed again in the same millisecond
+    /// with the same reason, the second dead letter was the first one's fact, a duplicate
+    /// that ended nothing, so the input stayed leased while `fail` said dead-lettered.
+    fn an_input_failed_again_in_the_same_millisecond_after_a_redrive_is_dead_again(b: Backend) {
+        let clock = ManualClock::starting_at(T0);
+        let s = store_with(b, &clock);
+        s.declare_queue(&orders_spec()).unwrap();
+        let a = order(1, &[]);
+        s.insert(&a).unwrap();
+        let mut entries = Vec::new();
+        for _ in 0..3 {
+            let lease = s.claim("ship", 1).unwrap().pop().unwrap();
+            let out = s.fail(&lease, Failure::Permanent("bad address".into())).unwrap();
+            let FailOutcome::DeadLettered(dl) = out else { panic!("{out:?}") };
+            let st = s.queue_stats("ship").unwrap();
+            assert_eq!((st.dead, st.leased), (1, 0), "{st:?}");
+            let item = s.queue_item("ship", &a.hash()).unwrap().unwrap();
+            assert_eq!(item.entry, Some(dl));
+            entries.push(dl);
+            s.redrive("ship", &dl).unwrap();
+        }
+        entries.dedup();
+        assert_eq!(entries.len(), 3, "each dead letter is a fact of its own");
+    }
+}
+
+conformance! {
     fn permanent_failure_dead_letters_now_and_redrive_gives_a_fresh_budget(b: Backend) {
         let clock = ManualClock::starting_at(T0);
         let s = store_with(b, &clock);

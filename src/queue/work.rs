@@ -9,7 +9,7 @@ use super::index::{
 };
 use crate::args;
 use crate::error::{Error, Result};
-use crate::fact::Fact;
+use crate::fact::{Fact, FactBuilder};
 use crate::hash::FactHash;
 use crate::queue::{
     Breach, FailOutcome, Failure, ItemInfo, ItemState, Lease, QueueSpec, QueueStats, Semantics,
@@ -150,27 +150,46 @@ impl Writer<'_> {
         first: Option<i64>,
     ) -> Result<FactHash> {
         let now = self.now_ms();
-        let fact = Fact::builder(system::DEAD_LETTER)
-            .field("queue", q.spec.name.as_str())
-            .field("reason", reason)
-            .field("attempts", attempts)
-            .field("first_attempt_at", first.unwrap_or(now))
-            .field("dead_at", now)
-            .predecessor(system::INPUT_ROLE, input.hash())
-            .build()?;
-        self.insert(&fact)?;
-        Ok(fact.hash())
+        self.insert_entry(|| {
+            Fact::builder(system::DEAD_LETTER)
+                .field("queue", q.spec.name.as_str())
+                .field("reason", reason)
+                .field("attempts", attempts)
+                .field("first_attempt_at", first.unwrap_or(now))
+                .field("dead_at", now)
+                .predecessor(system::INPUT_ROLE, input.hash())
+        })
     }
 
     fn poison(&mut self, q: &QueueDef, input: &Fact, reason: &str) -> Result<FactHash> {
-        let fact = Fact::builder(system::POISON)
-            .field("queue", q.spec.name.as_str())
-            .field("reason", reason)
-            .field("at", self.now_ms())
-            .predecessor(system::INPUT_ROLE, input.hash())
-            .build()?;
-        self.insert(&fact)?;
-        Ok(fact.hash())
+        let now = self.now_ms();
+        self.insert_entry(|| {
+            Fact::builder(system::POISON)
+                .field("queue", q.spec.name.as_str())
+                .field("reason", reason)
+                .field("at", now)
+                .predecessor(system::INPUT_ROLE, input.hash())
+        })
+    }
+
+    /// Stores a new dead letter or poison entry. An input redriven and failed again within
+    /// the same millisecond, with the same reason and attempts, would build the very fact
+    /// of its first entry: stored already, so it would end nothing (the input would stay
+    /// leased while `fail` answered dead-lettered). Such a repeat carries a `repeat`
+    /// field (1, 2, ...), which first entries lack, so their hashes are unchanged.
+    fn insert_entry(&mut self, build: impl Fn() -> FactBuilder) -> Result<FactHash> {
+        let mut repeat = 0i64;
+        loop {
+            let mut b = build();
+            if repeat > 0 {
+                b = b.field("repeat", repeat);
+            }
+            let fact = b.build()?;
+            if !self.insert(&fact)?.is_duplicate() {
+                return Ok(fact.hash());
+            }
+            repeat += 1;
+        }
     }
 
     /// Claims up to `n` ready inputs of `queue` (see [`Store::claim`]).

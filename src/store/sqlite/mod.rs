@@ -407,7 +407,7 @@ fn connect(
     // A read-only connection cannot change the mode; the database's is WAL already
     // (it was set by the open that created it).
     if !options.read_only {
-        conn.pragma_update(None, "journal_mode", "WAL")?;
+        use_wal(&conn)?;
     }
     let sync = match (temporary, options.durability) {
         // A temporary store is gone with the process: no commit needs to reach the disk.
@@ -421,6 +421,30 @@ fn connect(
     conn.set_prepared_statement_cache_capacity(64);
     functions::register(&conn)?;
     Ok(conn)
+}
+
+/// Switches the database to WAL (once per file; a no-op after that), and says so if it
+/// could not.
+///
+/// IMPORTANT: SQLite returns the pragma's row before it commits the switch, which happens
+/// when the statement runs to its end. `pragma_update` stops at the row and finalizes,
+/// where an error (a failed read, write or sync, found by tests/io_faults.rs) is dropped:
+/// the open would then succeed on a database left in rollback mode. So the statement is
+/// stepped to its end here, and the mode it reports is checked.
+fn use_wal(conn: &Connection) -> Result<()> {
+    let mut stmt = conn.prepare("PRAGMA journal_mode = WAL")?;
+    let mut rows = stmt.query([])?;
+    let mut mode = String::new();
+    while let Some(row) = rows.next()? {
+        mode = row.get(0)?;
+    }
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::Backend(BackendError::new(
+            BackendErrorKind::Io,
+            format!("sqlite: could not switch the database to WAL: journal mode is {mode:?}"),
+        )));
+    }
+    Ok(())
 }
 
 impl Backend for SqliteBackend {
