@@ -100,6 +100,38 @@ pub(crate) struct Bound {
 /// The facts bound to the labels of one result row.
 pub(crate) type Env = HashMap<String, Bound>;
 
+/// One result row as read, in its plan's label order: each label's sequence number, hash
+/// and, for a label the projection reads, the fact's bytes, not yet decoded.
+pub(crate) struct RawRow(Vec<(i64, FactHash, Option<Vec<u8>>)>);
+
+impl RawRow {
+    /// The row's facts bound to the labels of `plan` (the plan that read it), the bytes
+    /// read decoded and their hashes checked.
+    pub(crate) fn env(self, plan: &Plan) -> Result<Env> {
+        let mut env = Env::with_capacity(self.0.len());
+        for (i, (seq, hash, bytes)) in self.0.into_iter().enumerate() {
+            let label = &plan.labels[i];
+            let fact = match bytes {
+                Some(bytes) => Some(crate::encoding::decode_fact(&bytes, Some(hash)).map_err(
+                    |e| crate::Error::Corrupt {
+                        hash,
+                        reason: e.to_string(),
+                    },
+                )?),
+                None => None,
+            };
+            let bound = Bound {
+                seq,
+                hash,
+                type_name: plan.types[i].clone(),
+                fact,
+            };
+            env.insert(label.clone(), bound);
+        }
+        Ok(env)
+    }
+}
+
 /// Labels whose facts a projection reads (the fact itself or a field), at this level.
 pub(crate) fn labels_read(p: &Projection, out: &mut HashSet<String>) {
     match p {
@@ -256,12 +288,10 @@ impl Reader<'_> {
         params: &[Sql],
         decode: &HashSet<String>,
     ) -> Result<Vec<Env>> {
-        let mut out = Vec::new();
-        self.each_row(plan, params, decode, &mut |env| {
-            out.push(env);
-            Ok(())
-        })?;
-        Ok(out)
+        self.raw_rows_bound(plan, params, decode)?
+            .into_iter()
+            .map(|raw| raw.env(plan))
+            .collect()
     }
 
     /// Runs a plan, calling `f` with each row as it is read (see [`Reader::rows`]).
@@ -272,107 +302,144 @@ impl Reader<'_> {
         decode: &HashSet<String>,
         f: &mut dyn FnMut(Env) -> Result<()>,
     ) -> Result<()> {
+        self.each_raw(plan, params, decode, &mut |raw| f(raw.env(plan)?))
+    }
+
+    /// As [`Reader::rows_bound`], each row as read, its bytes not yet decoded: the work
+    /// left to do outside the read transaction ([`RawRow::env`]).
+    pub(crate) fn raw_rows_bound(
+        &self,
+        plan: &Plan,
+        params: &[Sql],
+        decode: &HashSet<String>,
+    ) -> Result<Vec<RawRow>> {
+        let mut out = Vec::new();
+        self.each_raw(plan, params, decode, &mut |raw| {
+            out.push(raw);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn each_raw(
+        &self,
+        plan: &Plan,
+        params: &[Sql],
+        decode: &HashSet<String>,
+        f: &mut dyn FnMut(RawRow) -> Result<()>,
+    ) -> Result<()> {
         self.run_query(&plan.sql, params, |r| {
-            let mut env = Env::new();
+            let mut row = Vec::with_capacity(plan.labels.len());
             for (i, label) in plan.labels.iter().enumerate() {
                 let seq: i64 = r.get(i * 3)?;
                 let hash = r.hash(i * 3 + 1)?;
-                let fact = if decode.contains(label) {
+                let bytes = if decode.contains(label) {
                     let ValueRef::Blob(bytes) = r.value(i * 3 + 2)? else {
                         return Err(crate::Error::Corrupt {
                             hash,
                             reason: "stored bytes are not a blob".into(),
                         });
                     };
-                    Some(
-                        crate::encoding::decode_fact(bytes, Some(hash)).map_err(|e| {
-                            crate::Error::Corrupt {
-                                hash,
-                                reason: e.to_string(),
-                            }
-                        })?,
-                    )
+                    Some(bytes.to_vec())
                 } else {
                     None
                 };
-                let bound = Bound {
-                    seq,
-                    hash,
-                    type_name: plan.types[i].clone(),
-                    fact,
-                };
-                env.insert(label.clone(), bound);
+                row.push((seq, hash, bytes));
             }
-            f(env)
+            f(RawRow(row))
         })
     }
 
     /// Builds the result for one row.
     pub(crate) fn row(&self, query: &Query, env: &Env) -> Result<QueryRow> {
-        let order = query
-            .order
-            .iter()
-            .map(|k| match &k.by {
-                SortBy::Field(l, f) => sort_key(decoded(env, &l.name).field(f)),
-                SortBy::Seq(l) => SortKey::Number(Number::Int(env[&l.name].seq)),
-            })
-            .collect();
-        Ok(QueryRow {
-            key: query.top_labels().iter().map(|l| env[*l].seq).collect(),
-            value: self.project(&query.select, env)?,
-            order,
-        })
+        row_in(Some(self), query, env)
     }
+}
 
-    fn project(&self, p: &Projection, env: &Env) -> Result<Projected> {
-        Ok(match p {
-            Projection::Fact(l) => Projected::Fact(decoded(env, &l.name).clone()),
-            Projection::Hash(l) => Projected::Hash(env[&l.name].hash),
-            Projection::Seq(l) => Projected::Seq(env[&l.name].seq),
-            Projection::Field(l, f) => Projected::Field(decoded(env, &l.name).field(f).cloned()),
-            Projection::Record(items) => Projected::Record(
-                items
-                    .iter()
-                    .map(|(k, v)| Ok((k.clone(), self.project(v, env)?)))
-                    .collect::<Result<_>>()?,
-            ),
-            Projection::Collection(sub) => {
-                let mut nodes: Vec<Node> = env
-                    .iter()
-                    .map(|(label, b)| Node {
-                        label: label.clone(),
-                        type_name: b.type_name.clone(),
-                        bind: Bind::Seq(b.seq),
-                    })
-                    .collect();
-                nodes.sort_by_key(|n| n.label.clone());
-                nodes.extend(sql::free_nodes(&sub.matches));
-                let conds: Vec<&Condition> = sub
-                    .matches
-                    .iter()
-                    .flat_map(|m| m.conditions.iter())
-                    .collect();
-                let output = nodes.iter().map(|n| n.label.clone()).collect();
-                let plan = sql::compile(
-                    &nodes,
-                    &conds,
-                    &Shape {
-                        output,
-                        order: &sub.order,
-                        limit: sub.limit,
-                        distinct: false,
-                        dialect: self.dialect(),
-                        bytes: None,
-                    },
-                )?;
-                let mut items = Vec::new();
-                for child in self.rows(&plan, &decode_set(&sub.select))? {
-                    items.push(self.project(&sub.select, &child)?);
-                }
-                Projected::Collection(items)
-            }
-        })
+/// Builds the result for one row of a query whose projection reads no collection
+/// ([`reads_collection`]), outside any transaction.
+pub(crate) fn row_plain(query: &Query, env: &Env) -> Result<QueryRow> {
+    row_in(None, query, env)
+}
+
+/// Whether a projection reads a child collection, which takes a query of its own.
+pub(crate) fn reads_collection(p: &Projection) -> bool {
+    match p {
+        Projection::Collection(_) => true,
+        Projection::Record(items) => items.iter().any(|(_, v)| reads_collection(v)),
+        Projection::Fact(_) | Projection::Hash(_) | Projection::Seq(_) | Projection::Field(..) => {
+            false
+        }
     }
+}
+
+fn row_in(reader: Option<&Reader<'_>>, query: &Query, env: &Env) -> Result<QueryRow> {
+    let order = query
+        .order
+        .iter()
+        .map(|k| match &k.by {
+            SortBy::Field(l, f) => sort_key(decoded(env, &l.name).field(f)),
+            SortBy::Seq(l) => SortKey::Number(Number::Int(env[&l.name].seq)),
+        })
+        .collect();
+    Ok(QueryRow {
+        key: query.top_labels().iter().map(|l| env[*l].seq).collect(),
+        value: project_in(reader, &query.select, env)?,
+        order,
+    })
+}
+
+/// A projection of one row; `reader` runs the queries of its child collections (given
+/// whenever [`reads_collection`]).
+fn project_in(reader: Option<&Reader<'_>>, p: &Projection, env: &Env) -> Result<Projected> {
+    Ok(match p {
+        Projection::Fact(l) => Projected::Fact(decoded(env, &l.name).clone()),
+        Projection::Hash(l) => Projected::Hash(env[&l.name].hash),
+        Projection::Seq(l) => Projected::Seq(env[&l.name].seq),
+        Projection::Field(l, f) => Projected::Field(decoded(env, &l.name).field(f).cloned()),
+        Projection::Record(items) => Projected::Record(
+            items
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), project_in(reader, v, env)?)))
+                .collect::<Result<_>>()?,
+        ),
+        Projection::Collection(sub) => {
+            let reader = reader.expect("a projection reading a collection is given a reader");
+            let mut nodes: Vec<Node> = env
+                .iter()
+                .map(|(label, b)| Node {
+                    label: label.clone(),
+                    type_name: b.type_name.clone(),
+                    bind: Bind::Seq(b.seq),
+                })
+                .collect();
+            nodes.sort_by_key(|n| n.label.clone());
+            nodes.extend(sql::free_nodes(&sub.matches));
+            let conds: Vec<&Condition> = sub
+                .matches
+                .iter()
+                .flat_map(|m| m.conditions.iter())
+                .collect();
+            let output = nodes.iter().map(|n| n.label.clone()).collect();
+            let plan = sql::compile(
+                &nodes,
+                &conds,
+                &Shape {
+                    output,
+                    order: &sub.order,
+                    limit: sub.limit,
+                    distinct: false,
+                    dialect: reader.dialect(),
+                    bytes: None,
+                },
+            )?;
+            let mut items = Vec::new();
+            for child in reader.rows(&plan, &decode_set(&sub.select))? {
+                items.push(project_in(Some(reader), &sub.select, &child)?);
+            }
+            Projected::Collection(items)
+        }
+    })
 }
 
 /// The labels a query's results need decoded: its projection's, and those it orders by a

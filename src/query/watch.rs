@@ -52,8 +52,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::model::*;
-use super::run::Reader;
 use super::run::{Givens, QueryRow, top_plan};
+use super::run::{RawRow, Reader, reads_collection, row_plain};
 use crate::error::Result;
 use crate::store::Store;
 #[cfg(feature = "server")]
@@ -77,7 +77,17 @@ pub enum Change {
 
 /// What a poll's statements found: rows of new results, keys of results to check again,
 /// keys of results whose child collections may have changed.
-type Found = (Vec<super::run::Env>, BTreeSet<Vec<i64>>, BTreeSet<Vec<i64>>);
+/// What the statements of a poll found: the rows of new results (each with the index of
+/// the inverse that read it), the keys of results whose membership may have changed, and
+/// those whose child collections may have.
+type Found = (Vec<(usize, RawRow)>, BTreeSet<Vec<i64>>, BTreeSet<Vec<i64>>);
+
+/// New results read in a poll's transaction and built after it: their rows and the
+/// position the poll reached.
+struct Later {
+    rows: Vec<(usize, RawRow)>,
+    upto: i64,
+}
 
 /// A query's results, kept current by [`Watch::poll`].
 #[derive(Debug)]
@@ -216,13 +226,25 @@ impl Watch {
     /// # Errors
     /// [`crate::Error::Backend`], [`crate::Error::Corrupt`].
     pub fn poll(&mut self, store: &Store) -> Result<Vec<Change>> {
-        store.read_brief(|r| self.poll_in(&Reader(r)))
+        // The read transaction may hold the write connection (`Store::read_brief`), so
+        // what needs no statement (decoding the new results' facts and building them) is
+        // done after it, whenever the poll found nothing else to do.
+        let (mut changes, later) = store.read_brief(|r| self.poll_in(&Reader(r)))?;
+        if let Some(Later { rows, upto }) = later {
+            for (i, raw) in rows {
+                let env = raw.env(&self.inverses[i].compiled.plan)?;
+                let row = row_plain(&self.query, &env)?;
+                self.admit(row, &mut changes);
+            }
+            self.after = upto;
+        }
+        Ok(changes)
     }
 
-    fn poll_in(&mut self, store: &Reader<'_>) -> Result<Vec<Change>> {
+    fn poll_in(&mut self, store: &Reader<'_>) -> Result<(Vec<Change>, Option<Later>)> {
         let released = store.released_types(self.after)?;
         let Some(&(upto, _)) = released.last() else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         };
         let (after, mut changes) = (self.after, Vec::new());
         if !self.givens_released {
@@ -234,12 +256,22 @@ impl Watch {
                 })?;
             }
             self.after = upto;
-            return Ok(changes);
+            return Ok((changes, None));
         }
         let types: HashSet<i64> = released.iter().map(|&(_, t)| t).collect();
         let decode = super::run::decode_top(&self.query);
         let (rows, keys, children) = self.run_inverses(store, &types, &decode, [after, upto])?;
-        for env in rows {
+        // Only additions, with no limit to keep and no collection to read: nothing left
+        // that needs the transaction.
+        if keys.is_empty()
+            && children.is_empty()
+            && self.query.limit.is_none()
+            && !reads_collection(&self.query.select)
+        {
+            return Ok((changes, Some(Later { rows, upto })));
+        }
+        for (i, raw) in rows {
+            let env = raw.env(&self.inverses[i].compiled.plan)?;
             let row = store.row(&self.query, &env)?;
             self.admit(row, &mut changes);
         }
@@ -249,7 +281,7 @@ impl Watch {
         self.refill(store, &mut changes)?;
         self.update(store, children, &mut changes)?;
         self.after = upto;
-        Ok(changes)
+        Ok((changes, None))
     }
 
     /// Runs the statement of every occurrence whose type is among the new facts' `types`:
@@ -264,7 +296,7 @@ impl Watch {
         range: [i64; 2],
     ) -> Result<Found> {
         let (mut rows, mut keys, mut children) = (Vec::new(), BTreeSet::new(), BTreeSet::new());
-        for inv in &self.inverses {
+        for (i, inv) in self.inverses.iter().enumerate() {
             match store.name_id(false, &inv.type_name)? {
                 Some(id) if types.contains(&id) => {}
                 _ => continue,
@@ -272,7 +304,8 @@ impl Watch {
             let (plan, params) = (&inv.compiled.plan, inv.compiled.bind(store, &range)?);
             let into = match inv.finds {
                 Finds::Results => {
-                    rows.extend(store.rows_bound(plan, &params, decode)?);
+                    let found = store.raw_rows_bound(plan, &params, decode)?;
+                    rows.extend(found.into_iter().map(|raw| (i, raw)));
                     continue;
                 }
                 Finds::Members => &mut keys,
