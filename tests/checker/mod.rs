@@ -81,20 +81,7 @@ impl Topology {
     pub fn new(hub: PgDb, seed: u64) -> Topology {
         let dir = tempfile::tempdir().unwrap();
         let url = PathBuf::from(&hub.url);
-        ok(&url, &["init"]);
-        let policy = [
-            "--lease",
-            &format!("{LEASE_MS}ms"),
-            "--max-attempts",
-            "1000",
-            "--max-age",
-            "1d",
-            "--backoff-base",
-            "1ms",
-            "--backoff-cap",
-            "50ms",
-        ];
-        ok(&url, &[DECLARE, &policy[..]].concat());
+        declare_hub(&url);
         let ports = [free_port(), free_port()];
         let nodes: Vec<PathBuf> = (0..NODES)
             .map(|i| {
@@ -110,11 +97,6 @@ impl Topology {
             })
             .collect();
         let logs = dir.path().to_path_buf();
-        let handler = dir.path().join("effect.sh");
-        std::fs::write(&handler, EFFECT_PROCESS).unwrap();
-        let handler = handler.to_str().unwrap().to_string();
-        let nowhere = dir.path().join("absent.db");
-        let server_url = |i: usize| format!("http://127.0.0.1:{}", ports[i]);
         let mut roles = Vec::new();
         for (i, name) in ["server-a", "server-b"].iter().enumerate() {
             let listen = format!("127.0.0.1:{}", ports[i]);
@@ -133,30 +115,7 @@ impl Topology {
                 &logs,
             ));
         }
-        let exec = [
-            "work", "q", "-j", "2", "--poll", "50ms", "--", "sh", "-c", EFFECT,
-        ];
-        let process = [
-            "work",
-            "q",
-            "--process",
-            "--poll",
-            "50ms",
-            "--",
-            "sh",
-            &handler,
-        ];
-        let (a, b) = (server_url(0), server_url(1));
-        let remote_process = [&["work", "q", "--remote", &a], &process[2..]].concat();
-        let remote_exec = [&["work", "q", "--remote", &b], &exec[2..]].concat();
-        for (name, db, args) in [
-            ("work-local", &url, &exec[..]),
-            ("work-local-process", &url, &process[..]),
-            ("work-remote-a-process", &nowhere, &remote_process[..]),
-            ("work-remote-b", &nowhere, &remote_exec[..]),
-        ] {
-            roles.push(Role::new(name, Kind::Worker, db.clone(), args, &logs).env("W", name));
-        }
+        roles.extend(workers(dir.path(), &url, ports));
         Topology {
             dir,
             hub,
@@ -330,6 +289,64 @@ impl Topology {
             })
             .collect()
     }
+}
+
+/// `init` of the hub and the declaration of its queue.
+fn declare_hub(url: &Path) {
+    ok(url, &["init"]);
+    let policy = [
+        "--lease",
+        &format!("{LEASE_MS}ms"),
+        "--max-attempts",
+        "1000",
+        "--max-age",
+        "1d",
+        "--backoff-base",
+        "1ms",
+        "--backoff-cap",
+        "50ms",
+    ];
+    ok(url, &[DECLARE, &policy[..]].concat());
+}
+
+/// The four workers: per-input and long-running handlers, on the hub's database and
+/// `--remote` to either server.
+fn workers(dir: &Path, url: &Path, ports: [u16; 2]) -> Vec<Role> {
+    let handler = dir.join("effect.sh");
+    std::fs::write(&handler, EFFECT_PROCESS).unwrap();
+    let handler = handler.to_str().unwrap().to_string();
+    let nowhere = dir.join("absent.db");
+    let server_url = |i: usize| format!("http://127.0.0.1:{}", ports[i]);
+    let mut roles = Vec::new();
+    let exec = [
+        "work", "q", "-j", "2", "--poll", "50ms", "--", "sh", "-c", EFFECT,
+    ];
+    let process = [
+        "work",
+        "q",
+        "--process",
+        "--poll",
+        "50ms",
+        "--",
+        "sh",
+        &handler,
+    ];
+    let (a, b) = (server_url(0), server_url(1));
+    let remote_process = [&["work", "q", "--remote", &a], &process[2..]].concat();
+    let remote_exec = [&["work", "q", "--remote", &b], &exec[2..]].concat();
+    for (name, db, args) in [
+        ("work-local", url, &exec[..]),
+        ("work-local-process", url, &process[..]),
+        (
+            "work-remote-a-process",
+            nowhere.as_path(),
+            &remote_process[..],
+        ),
+        ("work-remote-b", nowhere.as_path(), &remote_exec[..]),
+    ] {
+        roles.push(Role::new(name, Kind::Worker, db.to_path_buf(), args, dir).env("W", name));
+    }
+    roles
 }
 
 /// The targets of a schedule for `topo`.
