@@ -254,6 +254,11 @@ pub fn run(cli: Cli) -> ExitCode {
         max_held: cli.max_held,
         read_only: cli.read_only,
     };
+    // A testing aid (docs/robustness.md): a skewed clock must be what was asked for.
+    if let Err(e) = precedent::clock::offset_from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::from(exit::USAGE);
+    }
     let result = match cli.command {
         Command::Init => facts::init(&global),
         Command::Add { fact } => facts::add(&global, fact),

@@ -27,6 +27,7 @@ pub fn isolate(c: &mut Command) -> &mut Command {
     c.env_remove("PRECEDENT_DB")
         .env_remove("PRECEDENT_TOKEN")
         .env_remove("PRECEDENT_CONFIG")
+        .env_remove("PRECEDENT_CLOCK_OFFSET_MS")
         .env("XDG_CONFIG_HOME", "/nonexistent/precedent-tests")
 }
 

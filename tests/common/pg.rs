@@ -211,7 +211,8 @@ fn find_bindir() -> Option<PathBuf> {
     found.pop()
 }
 
-fn free_port() -> u16 {
+/// A port of 127.0.0.1 free a moment ago (bound to port 0 and let go).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

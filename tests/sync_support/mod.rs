@@ -287,10 +287,21 @@ fn read_request(conn: &mut TcpStream) -> String {
 /// A TCP proxy that, per connection and at random: cuts the stream in either direction
 /// after some bytes, delays chunks, and replays the client's bytes to the server on a
 /// second connection after the first ends (duplicated requests).
+///
+/// [`FaultyProxy::partition`] cuts the link whole until [`FaultyProxy::heal`]: every open
+/// connection is shut down and new ones are closed as soon as they are accepted.
 pub struct FaultyProxy {
     addr: SocketAddr,
     duplicated: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    links: Arc<Links>,
+}
+
+/// The proxy's open client connections (by number), and whether the link is cut.
+#[derive(Default)]
+struct Links {
+    cut: AtomicBool,
+    open: std::sync::Mutex<std::collections::HashMap<u64, TcpStream>>,
 }
 
 struct Rng(u64);
@@ -314,28 +325,38 @@ impl FaultyProxy {
         let addr = listener.local_addr().unwrap();
         let duplicated = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (dup, stop2) = (duplicated.clone(), stop.clone());
+        let links = Arc::new(Links::default());
+        let (dup, stop2, links2) = (duplicated.clone(), stop.clone(), links.clone());
         std::thread::spawn(move || {
             let mut rng = Rng(seed | 1);
-            for conn in listener.incoming() {
+            for (n, conn) in listener.incoming().enumerate() {
                 if stop2.load(Ordering::Relaxed) {
                     return;
                 }
                 let Ok(client) = conn else { continue };
+                if links2.cut.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(upstream) else {
                     continue;
                 };
+                let n = n as u64;
+                if let Ok(c) = client.try_clone() {
+                    links2.open.lock().unwrap().insert(n, c);
+                }
                 // Fault plan for this connection.
                 let cut_down = (rng.below(2) == 0).then(|| rng.below(30_000));
                 let cut_up = (rng.below(8) == 0).then(|| rng.below(4_000));
                 let delay = rng.below(4) == 0;
                 let duplicate = rng.below(2) == 0;
                 let seed = rng.next();
-                let dup = dup.clone();
+                let (dup, links) = (dup.clone(), links2.clone());
                 std::thread::spawn(move || {
                     relay(
                         client, server, upstream, cut_up, cut_down, delay, duplicate, seed, &dup,
-                    )
+                    );
+                    links.open.lock().unwrap().remove(&n);
                 });
             }
         });
@@ -343,7 +364,21 @@ impl FaultyProxy {
             addr,
             duplicated,
             stop,
+            links,
         }
+    }
+
+    /// Cuts the link: open connections are shut down, new ones closed at once.
+    pub fn partition(&self) {
+        self.links.cut.store(true, Ordering::SeqCst);
+        for (_, c) in self.links.open.lock().unwrap().drain() {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Ends a [`FaultyProxy::partition`]: connections are relayed (with faults) again.
+    pub fn heal(&self) {
+        self.links.cut.store(false, Ordering::SeqCst);
     }
 
     pub fn addr(&self) -> SocketAddr {
