@@ -270,7 +270,9 @@ pub fn item_len_within(buf: &[u8], max_bytes: usize) -> Result<Option<usize>> {
                         reason: format!("string of {arg} bytes in a record over the size limit"),
                     });
                 }
-                pos += arg as usize;
+                // Saturating: with no size limit, a length near 2^64 claims more bytes than
+                // any buffer has (incomplete), instead of wrapping around.
+                pos = pos.saturating_add(usize::try_from(arg).unwrap_or(usize::MAX));
             }
             MAJOR_ARRAY | MAJOR_MAP => {
                 if pending.len() > limits::MAX_DEPTH + 2 {

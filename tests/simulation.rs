@@ -1,10 +1,19 @@
 //! Deterministic simulation: several nodes in one process, each a `Store` on its own file,
 //! driven by one seeded RNG and a `ManualClock`. Every step picks an action: a node writes
 //! new facts (stores, orders naming a store and earlier orders, shipments naming orders), a
-//! worker claims, completes, fails or abandons inputs of a declared queue, the clock moves,
-//! a sync message is sent or delivered through a network that loses, duplicates, delays and
-//! reorders messages and partitions nodes, or a node restarts (its store is dropped and its
-//! file reopened; messages in flight to it and its workers' leases are lost).
+//! worker claims, completes, fails (transiently, permanently or as poison) or abandons inputs
+//! of a declared queue, an operator redrives a dead-lettered or poison input, a remote
+//! worker claims, extends, completes, fails or abandons inputs of one node's queue (the hub)
+//! over HTTP, the clock moves, a sync message is sent or delivered through a network that
+//! loses, duplicates, delays and reorders messages and partitions nodes, or a node restarts
+//! (its store is dropped and its file reopened; messages in flight to it and its workers'
+//! leases are lost; the hub's server restarts too, and the remote worker keeps its leases).
+//!
+//! The remote worker is `sync::client::RemoteQueue`, the client `precedent work --remote`
+//! uses, talking to a `sync::server::Running` on 127.0.0.1 that serves the hub's database
+//! with the simulation's `ManualClock`. Each call is one blocking request answered before
+//! the next step, and the hub's claims never wait (`wait` 0), so a run stays a function of
+//! its seed: the port and the lease tokens differ between runs, the outcomes do not.
 //!
 //! Sync messages are the protocol's (docs/protocol.md) carried over the Store API: a pull
 //! batch is the facts a node released after the receiver's pull bookmark (or, like a push of
@@ -13,15 +22,19 @@
 //! the transaction that commits the facts it covers, only when the batch starts at or before
 //! it.
 //!
-//! After each run partitions heal and sync rounds run until nothing changes; then every node
+//! After each run partitions heal, and sync rounds run until nothing changes alternately with
+//! a drain of every node's queue (an operator redrives every dead letter and poison input,
+//! a worker completes everything claimable) until a drain finds nothing; then every node
 //! holds the same fact set, nothing is held, `verify` is clean, release order is
-//! topological, no acknowledged write is lost, and no queue input has two effect facts from
-//! one node's completions.
+//! topological, no acknowledged write is lost, no queue input has two effect facts from one
+//! database's completions (local and remote workers of the hub together), no input is left
+//! unfinished (so no dead letter's input is lost), and every input is completed, redriven
+//! ones once.
 //!
 //! A failing run panics with `seed=<n>`; `PRECEDENT_SIM_SEED=<n> cargo test --test
-//! simulation` replays exactly that run. `PRECEDENT_SIM_SEEDS=<count>` runs seeds
-//! `1..=count` (default 20) and `PRECEDENT_SIM_STEPS=<steps>` sets the steps per run
-//! (default 200). It runs on SQLite and on PostgreSQL (`tests/common/backend.rs`): a node's
+//! simulation` replays exactly that run. `PRECEDENT_SIM_SEEDS=<count>` runs `count` seeds
+//! (default 20) from `PRECEDENT_SIM_FIRST` (default 1), and `PRECEDENT_SIM_STEPS=<steps>`
+//! sets the steps per run (default 200). It runs on SQLite and on PostgreSQL (`tests/common/backend.rs`): a node's
 //! database is a file or a PostgreSQL database, emptied before each seed's run.
 
 mod common;
@@ -31,8 +44,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use precedent::clock::ManualClock;
-use precedent::queue::{Completion, Failure, Lease, QueueSpec, RetryPolicy};
+use std::time::Duration;
+
+use precedent::queue::{
+    Completion, FailOutcome, Failure, ItemState, Lease, QueueSpec, RetryPolicy,
+};
 use precedent::store::Durability;
+use precedent::sync::client::{ClientOptions, RemoteLease, RemoteQueue};
+use precedent::sync::server::{Running, ServerConfig};
 use precedent::{Error, Fact, FactHash, Store, StoreOptions, Value};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
@@ -123,11 +142,35 @@ struct Node {
     leases: Vec<Lease>,
 }
 
+/// One node's database served over HTTP, and a remote worker claiming from it.
+struct Hub {
+    node: usize,
+    // Dropped before the server, whose graceful stop waits for its connections.
+    queue: RemoteQueue,
+    server: Running,
+    leases: Vec<RemoteLease>,
+}
+
+/// A server for the database at `path` on the simulation's clock, and a client of its queue.
+fn serve(path: &PathBuf, clock: &Arc<ManualClock>) -> (Running, RemoteQueue) {
+    let mut config = ServerConfig::new(path);
+    config.store_options = options(clock);
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    let server = Running::start(config).unwrap();
+    let client = ClientOptions {
+        timeout: Duration::from_secs(30),
+        ..ClientOptions::default()
+    };
+    let queue = RemoteQueue::new(&server.url(), QUEUE, client).unwrap();
+    (server, queue)
+}
+
 struct Sim {
     seed: u64,
     rng: SmallRng,
     clock: Arc<ManualClock>,
     nodes: Vec<Node>,
+    hub: Option<Hub>,
     net: Vec<Message>,
     /// The side of the partition each node is on; all zero when healed.
     side: Vec<u8>,
@@ -136,20 +179,24 @@ struct Sim {
     /// Shops and orders written so far, to name as predecessors.
     shops: Vec<FactHash>,
     orders: Vec<FactHash>,
+    /// `(node, input)`: inputs an operator redrove on a node.
+    redriven: BTreeSet<(usize, FactHash)>,
+    /// How often each of the queue actions took effect, for the summary.
+    counts: BTreeMap<&'static str, u64>,
     next: i64,
     log: Vec<String>,
 }
 
+fn options(clock: &Arc<ManualClock>) -> StoreOptions {
+    StoreOptions {
+        clock: clock.clone(),
+        durability: Durability::Normal,
+        ..StoreOptions::default()
+    }
+}
+
 fn open(path: &PathBuf, clock: &Arc<ManualClock>) -> Store {
-    Store::open_with(
-        path,
-        StoreOptions {
-            clock: clock.clone(),
-            durability: Durability::Normal,
-            ..StoreOptions::default()
-        },
-    )
-    .unwrap()
+    Store::open_with(path, options(clock)).unwrap()
 }
 
 fn decode(facts: &[Vec<u8>]) -> Vec<Fact> {
@@ -178,16 +225,27 @@ impl Sim {
             })
             .collect::<Vec<_>>();
         let n = nodes.len();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let hub = rng.random_range(0..n);
+        let (server, queue) = serve(&nodes[hub].path, &clock);
         Sim {
             seed,
-            rng: SmallRng::seed_from_u64(seed),
+            rng,
             clock,
             nodes,
+            hub: Some(Hub {
+                node: hub,
+                queue,
+                server,
+                leases: Vec::new(),
+            }),
             net: Vec::new(),
             side: vec![0; n],
             acked: BTreeSet::new(),
             shops: Vec::new(),
             orders: Vec::new(),
+            redriven: BTreeSet::new(),
+            counts: BTreeMap::new(),
             next: 0,
             log: Vec::new(),
         }
@@ -195,6 +253,10 @@ impl Sim {
 
     fn note(&mut self, s: String) {
         self.log.push(s);
+    }
+
+    fn count(&mut self, what: &'static str) {
+        *self.counts.entry(what).or_default() += 1;
     }
 
     fn pick(&mut self, n: usize) -> usize {
@@ -294,9 +356,12 @@ impl Sim {
     }
 
     fn complete(&mut self, node: usize) {
-        let Some(lease) = self.take_lease(node) else {
-            return;
-        };
+        if let Some(lease) = self.take_lease(node) {
+            self.complete_lease(node, &lease);
+        }
+    }
+
+    fn complete_lease(&mut self, node: usize, lease: &Lease) {
         let input = lease.input.hash();
         let handled = lease
             .completion()
@@ -311,13 +376,14 @@ impl Sim {
             .build()
             .unwrap();
         let written = [handled.hash(), effect.hash()];
-        let result = self.nodes[node].store.complete(&lease, |w| {
+        let result = self.nodes[node].store.complete(lease, |w| {
             w.insert(&handled)?;
             w.insert(&effect)?;
             Ok(())
         });
         match result {
             Ok(()) => {
+                self.count("completed");
                 self.note(format!("node {node} completed attempt {}", lease.attempt));
                 self.acked.extend(written);
             }
@@ -330,13 +396,165 @@ impl Sim {
         let Some(lease) = self.take_lease(node) else {
             return;
         };
-        match self.nodes[node]
-            .store
-            .fail(&lease, Failure::Transient("simulated".into()))
-        {
-            Ok(outcome) => self.note(format!("node {node} failed: {outcome:?}")),
+        let failure = match self.rng.random_range(0..10) {
+            0 => Failure::Permanent("simulated".into()),
+            1 => Failure::Poison("simulated".into()),
+            _ => Failure::Transient("simulated".into()),
+        };
+        match self.nodes[node].store.fail(&lease, failure) {
+            Ok(outcome) => {
+                if matches!(
+                    outcome,
+                    FailOutcome::DeadLettered(_) | FailOutcome::Poisoned(_)
+                ) {
+                    self.count("dead-lettered or poisoned");
+                }
+                self.note(format!("node {node} failed: {outcome:?}"));
+            }
             Err(Error::LeaseLost { .. }) => self.note(format!("node {node} lost a lease")),
             Err(e) => panic!("fail on node {node}: {e}"),
+        }
+    }
+
+    /// The dead-lettered and poison inputs of `node`'s queue, at most `limit` of each.
+    fn dead(&self, node: usize, limit: usize) -> Vec<FactHash> {
+        let store = &self.nodes[node].store;
+        let mut out = Vec::new();
+        for state in [ItemState::Dead, ItemState::Poison] {
+            let items = store.queue_items(QUEUE, Some(state), limit).unwrap();
+            out.extend(items.into_iter().map(|i| i.input));
+        }
+        out
+    }
+
+    /// An operator sends a dead-lettered or poison input back to the queue.
+    fn redrive(&mut self, node: usize) {
+        let dead = self.dead(node, 5);
+        if dead.is_empty() {
+            return;
+        }
+        let input = dead[self.pick(dead.len())];
+        self.redrive_input(node, input);
+    }
+
+    fn redrive_input(&mut self, node: usize, input: FactHash) {
+        let fact = self.nodes[node]
+            .store
+            .redrive(QUEUE, &input)
+            .unwrap_or_else(|e| panic!("redrive on node {node}: {e}"));
+        self.count("redriven");
+        self.note(format!("node {node} redrove {input}"));
+        self.acked.insert(fact);
+        self.redriven.insert((node, input));
+    }
+
+    fn remote_claim(&mut self) {
+        let n = self.rng.random_range(1..=3);
+        let hub = self.hub.as_mut().unwrap();
+        let leases = hub
+            .queue
+            .claim(n, Duration::ZERO)
+            .unwrap_or_else(|e| panic!("remote claim on node {}: {e}", hub.node));
+        let node = hub.node;
+        let got = leases.len();
+        hub.leases.extend(leases);
+        self.note(format!("remote worker claimed {got} on node {node}"));
+    }
+
+    fn take_remote(&mut self) -> Option<RemoteLease> {
+        let n = self.hub.as_ref().unwrap().leases.len();
+        if n == 0 {
+            return None;
+        }
+        let i = self.pick(n);
+        Some(self.hub.as_mut().unwrap().leases.swap_remove(i))
+    }
+
+    /// One lease result: whether it took effect; a refusal other than a lost lease fails.
+    fn remote_result(
+        &mut self,
+        what: &str,
+        results: Vec<precedent::sync::queue_wire::LeaseResult>,
+    ) -> bool {
+        assert_eq!(results.len(), 1, "remote {what}: {results:?}");
+        let r = &results[0];
+        if !r.ok {
+            assert_eq!(
+                r.error.as_deref(),
+                Some("lease_lost"),
+                "remote {what}: {r:?}"
+            );
+            self.note(format!("remote worker lost a lease ({what})"));
+        }
+        r.ok
+    }
+
+    fn remote_complete(&mut self) {
+        let Some(lease) = self.take_remote() else {
+            return;
+        };
+        let node = self.hub.as_ref().unwrap().node;
+        let input = lease.input.hash();
+        let handled = lease
+            .completion()
+            .field("node", node as i64)
+            .field("attempt", i64::from(lease.attempt))
+            .field("remote", true)
+            .build()
+            .unwrap();
+        let effect = Fact::builder(EFFECT)
+            .field("node", node as i64)
+            .field("attempt", i64::from(lease.attempt))
+            .field("remote", true)
+            .predecessor("order", input)
+            .build()
+            .unwrap();
+        let written = [handled.hash(), effect.hash()];
+        let results = (self.hub.as_ref().unwrap().queue)
+            .complete(&[(lease.id.as_str(), vec![handled, effect])])
+            .unwrap_or_else(|e| panic!("remote complete on node {node}: {e}"));
+        if self.remote_result("complete", results) {
+            self.count("completed remotely");
+            self.note(format!("remote worker completed attempt {}", lease.attempt));
+            self.acked.extend(written);
+        }
+    }
+
+    fn remote_fail(&mut self) {
+        let Some(lease) = self.take_remote() else {
+            return;
+        };
+        let permanent = self.rng.random_bool(0.2);
+        let queue = &self.hub.as_ref().unwrap().queue;
+        let results = queue
+            .fail(&[(lease.id.as_str(), "simulated")], permanent)
+            .unwrap_or_else(|e| panic!("remote fail: {e}"));
+        if self.remote_result("fail", results) {
+            self.count("failed remotely");
+            self.note(format!("remote worker failed (permanent: {permanent})"));
+        }
+    }
+
+    fn remote_extend(&mut self) {
+        let Some(mut lease) = self.take_remote() else {
+            return;
+        };
+        let queue = &self.hub.as_ref().unwrap().queue;
+        let results = queue
+            .extend(&[lease.id.as_str()])
+            .unwrap_or_else(|e| panic!("remote extend: {e}"));
+        let expires = results.first().and_then(|r| r.expires_at_ms);
+        if self.remote_result("extend", results) {
+            lease.expires_at_ms = expires.expect("an extended lease's end");
+            self.hub.as_mut().unwrap().leases.push(lease);
+            self.count("extended remotely");
+            self.note("remote worker extended a lease".into());
+        }
+    }
+
+    fn remote_crash(&mut self) {
+        if self.take_remote().is_some() {
+            self.note("remote worker crashed".into());
         }
     }
 
@@ -505,6 +723,13 @@ impl Sim {
         drop(old);
         self.nodes[node].store = open(&path, &self.clock);
         self.nodes[node].leases.clear();
+        if let Some(hub) = self.hub.as_mut().filter(|h| h.node == node) {
+            // The hub's server restarts too; its remote worker keeps its leases (lease
+            // ids are stateless) and talks to the new server.
+            let (server, queue) = serve(&path, &self.clock);
+            drop(std::mem::replace(&mut hub.queue, queue));
+            std::mem::replace(&mut hub.server, server).stop().unwrap();
+        }
         self.net.retain(|m| m.ends().1 != node);
         self.note(format!("restart node {node}"));
     }
@@ -512,7 +737,7 @@ impl Sim {
     fn step(&mut self) {
         let n = self.nodes.len();
         let node = self.pick(n);
-        match self.rng.random_range(0..100) {
+        match self.rng.random_range(0..110) {
             0..20 => self.write(node),
             20..28 => self.claim(node),
             28..38 => self.complete(node),
@@ -527,7 +752,14 @@ impl Sim {
             71..95 => self.deliver(),
             95..97 => self.partition(),
             97..99 => self.heal(),
-            _ => self.restart(node),
+            99 => self.restart(node),
+            100..102 => self.redrive(node),
+            102..104 => self.remote_claim(),
+            104..106 => self.remote_complete(),
+            106 => self.remote_fail(),
+            107 => self.remote_extend(),
+            108 => self.remote_crash(),
+            _ => self.clock.advance(1_000),
         }
     }
 
@@ -538,13 +770,54 @@ impl Sim {
             .collect()
     }
 
-    /// Heals, stops the workers and syncs every pair, reliably, until nothing changes.
+    /// Heals, stops the workers, and syncs every pair reliably until nothing changes,
+    /// alternately with a drain of every queue, until a drain finds nothing to do.
     fn quiesce(&mut self) {
         self.heal();
         self.net.clear();
         for node in &mut self.nodes {
             node.leases.clear();
         }
+        if let Some(hub) = self.hub.as_mut() {
+            hub.leases.clear();
+        }
+        for _ in 0..10 {
+            self.sync_all();
+            if !self.drain() {
+                return;
+            }
+        }
+        panic!("queues did not drain");
+    }
+
+    /// On every node, past every lease and backoff: redrives every dead-lettered and
+    /// poison input and completes everything claimable, until nothing is left. Returns
+    /// whether it did anything.
+    fn drain(&mut self) -> bool {
+        let mut did = false;
+        for node in 0..self.nodes.len() {
+            for round in 0.. {
+                assert!(round < 1_000, "node {node}'s queue did not drain");
+                let dead = self.dead(node, 1_000);
+                for &input in &dead {
+                    self.redrive_input(node, input);
+                }
+                self.clock.advance(queue_spec().lease_ms + 1);
+                let leases = self.nodes[node].store.claim(QUEUE, 100).unwrap();
+                if dead.is_empty() && leases.is_empty() {
+                    break;
+                }
+                did = true;
+                for lease in &leases {
+                    self.complete_lease(node, lease);
+                }
+            }
+        }
+        did
+    }
+
+    /// Syncs every pair, reliably, until nothing changes.
+    fn sync_all(&mut self) {
         let n = self.nodes.len();
         let mut last = self.state();
         for _ in 0..100 {
@@ -587,6 +860,17 @@ impl Sim {
         for (i, node) in self.nodes.iter().enumerate() {
             let store = &node.store;
             assert_eq!(store.held_count().unwrap(), 0, "node {i} holds facts");
+            // Drained: nothing unfinished, no dead letter or poison input left behind.
+            let left = store.queue_items(QUEUE, None, 10).unwrap();
+            assert!(
+                left.is_empty(),
+                "node {i} has unfinished inputs after the drain: {:?}",
+                left.iter()
+                    .map(|l| (l.input, l.describe()))
+                    .collect::<Vec<_>>()
+            );
+            let mut orders = BTreeSet::new();
+            let mut handled = BTreeSet::new();
             let report = store.verify(|_| {}).unwrap();
             assert!(report.is_clean(), "node {i} verify: {report:?}");
             let mut seqs: HashMap<FactHash, i64> = HashMap::new();
@@ -600,6 +884,12 @@ impl Sim {
                             seqs.get(&p).is_some_and(|ps| *ps < seq),
                             "node {i}: {hash} released before its predecessor {p}"
                         );
+                    }
+                    if f.type_name() == ORDER {
+                        orders.insert(hash);
+                    }
+                    if f.type_name() == HANDLED {
+                        handled.extend(f.predecessor_hashes());
                     }
                     if f.type_name() == EFFECT {
                         let (Some(Value::Integer(by)), Some(Value::Integer(attempt))) =
@@ -626,6 +916,21 @@ impl Sim {
             for h in &self.acked {
                 assert!(seqs.contains_key(h), "node {i} lost acknowledged fact {h}");
             }
+            // Every input is completed, a dead letter's input included: none is lost.
+            for o in &orders {
+                assert!(
+                    handled.contains(o),
+                    "node {i}: input {o} was never completed"
+                );
+            }
+            // A redriven input completes once in the database that redrove it.
+            for (_, input) in self.redriven.iter().filter(|(n, _)| *n == i) {
+                let by_here = effects.get(&(*input, i as i128)).map_or(0, Vec::len);
+                assert!(
+                    by_here == 1 || (by_here == 0 && handled.contains(input)),
+                    "node {i}: redriven input {input} has {by_here} effects from its completions"
+                );
+            }
             sets.push(seqs.into_keys().collect::<BTreeSet<_>>());
         }
         for (i, set) in sets.iter().enumerate().skip(1) {
@@ -640,8 +945,9 @@ impl Sim {
     }
 }
 
-/// One run; returns the number of facts every node ended with.
-fn run(dbs: &[TestDb], seed: u64, steps: u64) -> usize {
+/// One run; returns the number of facts every node ended with, and how often each queue
+/// action took effect.
+fn run(dbs: &[TestDb], seed: u64, steps: u64) -> (usize, BTreeMap<&'static str, u64>) {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5EED);
     let nodes = rng.random_range(3..=4);
     let mut sim = Sim::new(seed, nodes, dbs);
@@ -653,8 +959,9 @@ fn run(dbs: &[TestDb], seed: u64, steps: u64) -> usize {
         sim.check();
         sim.nodes[0].store.max_seq().unwrap() as usize
     }));
+    let counts = std::mem::take(&mut sim.counts);
     match result {
-        Ok(facts) => facts,
+        Ok(facts) => (facts, counts),
         Err(_) => {
             let tail = sim.log.len().saturating_sub(30);
             panic!(
@@ -675,16 +982,29 @@ conformance! {
         let steps = env_u64("PRECEDENT_SIM_STEPS").unwrap_or(200);
         let seeds: Vec<u64> = match env_u64("PRECEDENT_SIM_SEED") {
             Some(seed) => vec![seed],
-            None => (1..=env_u64("PRECEDENT_SIM_SEEDS").unwrap_or(20)).collect(),
+            None => {
+                let first = env_u64("PRECEDENT_SIM_FIRST").unwrap_or(1);
+                let count = env_u64("PRECEDENT_SIM_SEEDS").unwrap_or(20);
+                (first..first + count).collect()
+            }
         };
         let mut facts = 0;
+        let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
         for &seed in &seeds {
-            facts += run(&dbs, seed, steps);
+            let (f, c) = run(&dbs, seed, steps);
+            facts += f;
+            for (k, v) in c {
+                *counts.entry(k).or_default() += v;
+            }
         }
         eprintln!(
-            "simulation: {} seeds of {steps} steps, {facts} facts converged",
+            "simulation: {} seeds of {steps} steps, {facts} facts converged; {counts:?}",
             seeds.len()
         );
         assert!(facts > 0);
+        // The queue actions the checks are about happened (every seed, drains included).
+        for what in ["completed", "completed remotely", "redriven", "dead-lettered or poisoned"] {
+            assert!(counts.get(what).is_some_and(|n| *n > 0), "nothing {what}: {counts:?}");
+        }
     }
 }

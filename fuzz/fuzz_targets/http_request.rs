@@ -19,7 +19,11 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use precedent::Store;
 use precedent::sync::auth::{Grant, Tokens};
-use precedent::sync::server::{Limits, Running, ServerConfig};
+use precedent::sync::server::Running;
+
+#[path = "common/server.rs"]
+#[allow(dead_code)]
+mod common;
 
 struct Target {
     server: Running,
@@ -30,12 +34,8 @@ static TARGET: OnceLock<Target> = OnceLock::new();
 static RUNS: AtomicU64 = AtomicU64::new(0);
 
 fn start() -> Target {
-    let dir = std::env::temp_dir().join(format!("precedent-fuzz-http-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let db = dir.join("fuzz.db");
-    let mut config = ServerConfig::new(&db);
-    config.listen = "127.0.0.1:0".parse().unwrap();
+    let db = common::fresh_db("http");
+    let mut config = common::config(&db);
     config.tokens = Tokens::new(vec![
         Grant {
             name: "writer".into(),
@@ -43,6 +43,8 @@ fn start() -> Target {
             read: true,
             write: true,
             types: None,
+            work: Default::default(),
+            admin: false,
         },
         Grant {
             name: "shops".into(),
@@ -50,18 +52,11 @@ fn start() -> Target {
             read: false,
             write: true,
             types: Some(vec!["Shop".into()]),
+            work: Default::default(),
+            admin: false,
         },
     ])
     .unwrap();
-    config.limits = Limits {
-        max_body_bytes: 64 << 10,
-        max_facts_per_request: 100,
-        max_held_per_peer: 1_000,
-        request_timeout: Duration::from_millis(500),
-        max_wait: Duration::from_millis(20),
-        max_connections: 64,
-    };
-    config.poll_interval = Duration::from_millis(5);
     Target {
         server: Running::start(config).unwrap(),
         db,

@@ -25,6 +25,8 @@ thread_local! {
         read: true,
         write: true,
         types: Some(vec!["Shop.Order".into()]),
+        work: Default::default(),
+        admin: false,
     }])
     .unwrap();
 }

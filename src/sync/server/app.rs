@@ -76,10 +76,17 @@ impl Failure {
         code: &'static str,
         message: impl Into<String>,
     ) -> Failure {
+        // One line, whatever it quotes (an unknown JSON key with line breaks in it).
+        let message: String = message.into();
+        let message = if message.contains(['\n', '\r']) {
+            message.replace('\n', "\\n").replace('\r', "\\r")
+        } else {
+            message
+        };
         Failure {
             status,
             code,
-            message: message.into(),
+            message,
             retry_after: None,
         }
     }

@@ -190,7 +190,8 @@ impl Server {
     }
 
     /// Serves until `shutdown` completes, then stops accepting, lets requests in flight
-    /// finish (waiting pulls answer at once) for up to 10 s, and returns.
+    /// finish (waiting pulls answer at once) for up to 10 s, waits for its figures thread
+    /// (one poll interval at most), and returns.
     ///
     /// # Errors
     /// None in practice: accept errors are retried.
@@ -271,6 +272,9 @@ impl Server {
         drop(self.listener);
         let _ = stop_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
+        // The figures thread holds the store: wait for it, so that the database is closed
+        // when `run` returns (a caller may then delete or replace its files).
+        let _ = tokio::task::spawn_blocking(move || app.events.join()).await;
         Ok(())
     }
 }

@@ -69,6 +69,8 @@ pub(super) struct Figures {
 /// The figures every `/v1/events` client reads, kept by one thread ([`Events::start`]).
 pub(super) struct Events {
     latest: Arc<watch::Sender<Figures>>,
+    /// The thread, joined by [`Events::join`] once the server stops.
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Events {
@@ -81,7 +83,7 @@ impl Events {
     ) -> std::io::Result<Events> {
         let latest = Arc::new(watch::Sender::new(Figures::default()));
         let tx = latest.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("precedent-events".into())
             .spawn(move || {
                 let mut last: Option<Figures> = None;
@@ -103,7 +105,20 @@ impl Events {
                     store.wait_for_wake(mark, poll);
                 }
             })?;
-        Ok(Events { latest })
+        Ok(Events {
+            latest,
+            thread: std::sync::Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Waits for the thread to end (within one `poll` of `shutdown`), and so for its
+    /// handle of the store to close: a server that returned from `run` no longer has the
+    /// database open.
+    pub(super) fn join(&self) {
+        let thread = self.thread.lock().map(|mut t| t.take());
+        if let Ok(Some(t)) = thread {
+            let _ = t.join();
+        }
     }
 }
 
