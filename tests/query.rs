@@ -151,7 +151,7 @@ conformance! {
     }
 }
 
-/// SQLite only: the steps of SQLite's query plans (`SCAN`, `(rowid=?)`).
+/// SQLite only: the steps of SQLite's query plans (`SCAN`, `(hash=?)`).
 #[test]
 fn every_documented_example_searches_indexes_and_never_scans() {
     let (store, givens) = documented_store(Backend::Sqlite);
@@ -168,11 +168,9 @@ fn every_documented_example_searches_indexes_and_never_scans() {
         if q.givens.is_empty() {
             assert!(uses("fact_by_type"), "{text}\n{plan:#?}");
         } else {
-            // Its hash is resolved to its sequence number when the statement is bound
-            // (an index search of its own), and the statement finds it by that key.
             assert!(
-                uses("USING INTEGER PRIMARY KEY (rowid=?)"),
-                "a given is found by its sequence number: {text}\n{plan:#?}"
+                uses("(hash=?)"),
+                "a given is found by hash: {text}\n{plan:#?}"
             );
         }
     }

@@ -264,7 +264,7 @@ impl Reader<'_> {
             .iter()
             .map(|p| {
                 Ok(match p {
-                    Param::Given(h) => self.seq_of(h)?.map_or(Sql::Null, Sql::Int),
+                    Param::Hash(h) => Sql::Blob(h.0.to_vec()),
                     Param::Type(t) => self.name_id(false, t)?.map_or(Sql::Null, Sql::Int),
                     Param::Role(r) => self.name_id(true, r)?.map_or(Sql::Null, Sql::Int),
                     Param::Int(i) => Sql::Int(*i),

@@ -31,10 +31,7 @@ use crate::store::Dialect;
 /// (an unknown name binds NULL, which matches nothing).
 #[derive(Clone, Debug)]
 pub(crate) enum Param {
-    /// A given's hash, bound to its release sequence number (NULL when it is not
-    /// released, which matches nothing): `seq = $n` lets PostgreSQL's planner see the
-    /// given's own rows (a store's 10,000 orders) where `hash = $n` hid them behind a join.
-    Given(FactHash),
+    Hash(FactHash),
     Type(String),
     Role(String),
     Int(i64),
@@ -309,8 +306,8 @@ impl Compiler {
                 Bind::Free => unreachable!("free nodes are pending"),
                 Bind::Given(h) => {
                     rank.insert(n.label.clone(), 1);
-                    let p = self.param(Param::Given(h));
-                    wh.push(format!("{f}.seq = {p}"));
+                    let p = self.param(Param::Hash(h));
+                    wh.push(format!("{f}.hash = {p}"));
                 }
                 Bind::Seq(s) => {
                     rank.insert(n.label.clone(), 0);
@@ -784,7 +781,8 @@ pub(crate) fn pg_sort_key(p: &Param) -> Vec<u8> {
         Param::Real(f) => pg_number_key(Number::Real(*f)),
         Param::Text(t) => [&[2u8][..], t.as_bytes()].concat(),
         Param::Blob(b) => [&[3u8][..], b].concat(),
-        Param::Given(_) | Param::Type(_) | Param::Role(_) => Vec::new(),
+        Param::Hash(h) => [&[3u8][..], &h.0[..]].concat(),
+        Param::Type(_) | Param::Role(_) => Vec::new(),
     }
 }
 

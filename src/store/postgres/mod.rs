@@ -248,15 +248,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Backend for PostgresBackend {
     fn read(&self) -> Result<Box<dyn ReadTx + '_>> {
-        // Custom plans only: a query's statements are prepared once per connection, and
-        // after five runs PostgreSQL may keep a generic plan, which cannot see the given's
-        // own rows (`seq = $n`: a store with 10,000 orders planned as if it had one, a
-        // nested loop of 10,000 probes where a merge anti-join reads 15,000 rows).
-        let mut tx = conn::Tx::begin(
-            self,
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; \
-             SET LOCAL plan_cache_mode = force_custom_plan",
-        )?;
+        let mut tx = conn::Tx::begin(self, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
         tx.read_only = true;
         Ok(Box::new(tx))
     }
