@@ -144,6 +144,22 @@ pub(crate) fn connect(e: postgres::Error, url: &str, config: &postgres::Config) 
             "server down: no socket at {} (is PostgreSQL running there?)",
             hosts()
         ),
+        (None, Some(io))
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            // A server being stopped or started takes the connection and drops it
+            // before it can say 57P03.
+            format!(
+                "the server at {} dropped the connection as it was opened ({}): is it starting up or shutting down?",
+                hosts(),
+                io.kind()
+            )
+        }
         (None, Some(io)) if io.kind() == std::io::ErrorKind::TimedOut => {
             format!("no answer from {} (connect timed out)", hosts())
         }
