@@ -75,8 +75,6 @@ pub enum Change {
     Updated(QueryRow),
 }
 
-/// What a poll's statements found: rows of new results, keys of results to check again,
-/// keys of results whose child collections may have changed.
 /// What the statements of a poll found: the rows of new results (each with the index of
 /// the inverse that read it), the keys of results whose membership may have changed, and
 /// those whose child collections may have.
