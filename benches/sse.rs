@@ -38,18 +38,6 @@ use precedent::Fact;
 const BATCH: usize = 200;
 const CLIENTS: usize = 100;
 
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
 /// Counts what an event stream holds, a line at a time: the events (`event:` lines) and
 /// the results in the arrays of `data: [...]` lines (top-level commas, outside strings,
 /// plus one for a non-empty array).
@@ -189,7 +177,7 @@ fn main() {
         let shop = &shops[r];
         let watch = format!(
             "/v1/watch?query={}&s={}",
-            encode("given s: Shop match o: Shop.Order where o->shop = s select o.id"),
+            common::url_encode("given s: Shop match o: Shop.Order where o->shop = s select o.id"),
             shop.hash()
         );
         bare.push(write(&agent, &url, &shops[0], next, n));

@@ -263,6 +263,15 @@ conformance! {
             "{metrics}"
         );
         assert!(metrics.contains("precedent_quarantined 2"), "{metrics}");
+        // SQLite's own memory: a served SQLite store has its page cache in use.
+        let sqlite: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("precedent_sqlite_memory_bytes "))
+            .and_then(|v| v.parse().ok())
+            .expect("precedent_sqlite_memory_bytes");
+        if b == crate::common::backend::Backend::Sqlite {
+            assert!(sqlite > 0, "{metrics}");
+        }
     }
 }
 

@@ -99,3 +99,16 @@ pub fn serve(db: impl AsRef<std::ffi::OsStr>) -> (Child, String) {
         .to_string();
     (child, url)
 }
+
+/// `s` percent-encoded for a URL's query: every byte but ASCII letters and digits.
+pub fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}

@@ -26,6 +26,8 @@ pub(crate) struct Gauges {
     pub max_seq: i64,
     pub held: u64,
     pub quarantined: u64,
+    /// What SQLite holds in the server's process ([`crate::store::sqlite_memory_used`]).
+    pub sqlite_memory: u64,
 }
 
 pub(crate) fn inc(c: &AtomicU64, n: u64) {
@@ -62,6 +64,12 @@ impl Metrics {
             "precedent_quarantined",
             "Records refused at the door and kept in the quarantine.",
             g.quarantined,
+        );
+        gauge(
+            &mut s,
+            "precedent_sqlite_memory_bytes",
+            "Bytes SQLite holds in the server's process: page caches, statements, schemas.",
+            g.sqlite_memory,
         );
         let _ = writeln!(
             s,

@@ -81,6 +81,16 @@ pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 /// Read connections kept open between reads.
 const IDLE_READERS: usize = 4;
 
+/// The bytes SQLite has allocated in this process and not freed: the page caches of every
+/// open connection (each up to [`StoreOptions::cache_mib`]), prepared statements and
+/// schemas, of every SQLite store the process has open (`sqlite3_memory_used`).
+pub fn sqlite_memory_used() -> u64 {
+    // SAFETY: sqlite3_memory_used takes no arguments and is thread-safe; it reads the
+    // counters of SQLite's allocator, which the bundled build keeps (memstatus on).
+    let n = unsafe { rusqlite::ffi::sqlite3_memory_used() };
+    n.max(0) as u64
+}
+
 /// What every transaction of one backend shares.
 pub(crate) struct Shared {
     pub(crate) names: NameCache,

@@ -141,6 +141,7 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Resp
                 max_seq,
                 held: store.held_count()?,
                 quarantined: store.quarantine_count()?,
+                sqlite_memory: crate::store::sqlite_memory_used(),
             })
         })
         .await?;
