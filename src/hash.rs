@@ -66,9 +66,24 @@ impl FactHash {
     }
 }
 
+impl FactHash {
+    /// The 64 lowercase hex digits of the text form, written without allocating: the
+    /// text form is written once per result by answers of many thousand hashes.
+    pub(crate) fn hex_digits(&self) -> [u8; 64] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 64];
+        for (i, b) in self.0.iter().enumerate() {
+            out[2 * i] = DIGITS[usize::from(b >> 4)];
+            out[2 * i + 1] = DIGITS[usize::from(b & 0x0f)];
+        }
+        out
+    }
+}
+
 impl fmt::Display for FactHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&hex::encode(self.0))
+        let digits = self.hex_digits();
+        f.write_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"))
     }
 }
 
@@ -96,7 +111,8 @@ impl FromStr for FactHash {
 impl serde::Serialize for FactHash {
     /// As the 64-digit lowercase hex text form.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
+        let digits = self.hex_digits();
+        s.serialize_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"))
     }
 }
 
@@ -204,6 +220,20 @@ mod tests {
         assert_eq!(s, s.to_lowercase());
         assert_eq!(s.parse::<FactHash>().unwrap(), h);
         assert_eq!(s.to_uppercase().parse::<FactHash>().unwrap(), h);
+    }
+
+    #[test]
+    fn text_form_is_the_hex_of_every_byte() {
+        for seed in 0..256u32 {
+            let h = FactHash::of_canonical(&seed.to_le_bytes());
+            assert_eq!(h.to_string(), hex::encode(h.0));
+            assert_eq!(
+                serde_json::to_string(&h).unwrap(),
+                format!("\"{}\"", hex::encode(h.0))
+            );
+        }
+        assert_eq!(FactHash([0xff; 32]).to_string(), "f".repeat(64));
+        assert_eq!(FactHash([0; 32]).to_string(), "0".repeat(64));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! building each result's projection (child collections run once per result).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use super::QueryError;
 use super::model::*;
@@ -55,6 +56,24 @@ impl Projected {
             }
         }
     }
+
+    /// Writes the JSON form ([`Projected::to_json`]) to `out`, byte for byte as
+    /// `serde_json::to_writer` of it would: a hash or a sequence number directly, the
+    /// rest through [`Projected::to_json`].
+    ///
+    /// # Errors
+    /// Those of `out`.
+    pub fn write_json(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        match self {
+            Projected::Hash(h) => {
+                out.write_all(b"\"")?;
+                out.write_all(&h.hex_digits())?;
+                out.write_all(b"\"")
+            }
+            Projected::Seq(s) => write!(out, "{s}"),
+            p => serde_json::to_writer(out, &p.to_json()).map_err(std::io::Error::from),
+        }
+    }
 }
 
 /// One result of a query.
@@ -93,12 +112,13 @@ impl QueryRow {
 pub(crate) struct Bound {
     pub seq: i64,
     pub hash: FactHash,
-    pub type_name: String,
+    pub type_name: Arc<str>,
     pub fact: Option<Fact>,
 }
 
-/// The facts bound to the labels of one result row.
-pub(crate) type Env = HashMap<String, Bound>;
+/// The facts bound to the labels of one result row (the label names shared with the
+/// plan that read it).
+pub(crate) type Env = HashMap<Arc<str>, Bound>;
 
 /// One result row as read, in its plan's label order: each label's sequence number, hash
 /// and, for a label the projection reads, the fact's bytes, not yet decoded.
@@ -328,12 +348,14 @@ impl Reader<'_> {
         decode: &HashSet<String>,
         f: &mut dyn FnMut(RawRow) -> Result<()>,
     ) -> Result<()> {
+        // Which labels' bytes are read, looked up once for the statement, not per row.
+        let wanted: Vec<bool> = plan.labels.iter().map(|l| decode.contains(&**l)).collect();
         self.run_query(&plan.sql, params, |r| {
             let mut row = Vec::with_capacity(plan.labels.len());
-            for (i, label) in plan.labels.iter().enumerate() {
+            for (i, &want) in wanted.iter().enumerate() {
                 let seq: i64 = r.get(i * 3)?;
                 let hash = r.hash(i * 3 + 1)?;
-                let bytes = if decode.contains(label) {
+                let bytes = if want {
                     let ValueRef::Blob(bytes) = r.value(i * 3 + 2)? else {
                         return Err(crate::Error::Corrupt {
                             hash,
@@ -379,7 +401,7 @@ fn row_in(reader: Option<&Reader<'_>>, query: &Query, env: &Env) -> Result<Query
         .iter()
         .map(|k| match &k.by {
             SortBy::Field(l, f) => sort_key(decoded(env, &l.name).field(f)),
-            SortBy::Seq(l) => SortKey::Number(Number::Int(env[&l.name].seq)),
+            SortBy::Seq(l) => SortKey::Number(Number::Int(env[l.name.as_str()].seq)),
         })
         .collect();
     Ok(QueryRow {
@@ -394,8 +416,8 @@ fn row_in(reader: Option<&Reader<'_>>, query: &Query, env: &Env) -> Result<Query
 fn project_in(reader: Option<&Reader<'_>>, p: &Projection, env: &Env) -> Result<Projected> {
     Ok(match p {
         Projection::Fact(l) => Projected::Fact(decoded(env, &l.name).clone()),
-        Projection::Hash(l) => Projected::Hash(env[&l.name].hash),
-        Projection::Seq(l) => Projected::Seq(env[&l.name].seq),
+        Projection::Hash(l) => Projected::Hash(env[l.name.as_str()].hash),
+        Projection::Seq(l) => Projected::Seq(env[l.name.as_str()].seq),
         Projection::Field(l, f) => Projected::Field(decoded(env, &l.name).field(f).cloned()),
         Projection::Record(items) => Projected::Record(
             items
@@ -408,8 +430,8 @@ fn project_in(reader: Option<&Reader<'_>>, p: &Projection, env: &Env) -> Result<
             let mut nodes: Vec<Node> = env
                 .iter()
                 .map(|(label, b)| Node {
-                    label: label.clone(),
-                    type_name: b.type_name.clone(),
+                    label: label.to_string(),
+                    type_name: b.type_name.to_string(),
                     bind: Bind::Seq(b.seq),
                 })
                 .collect();
@@ -586,4 +608,50 @@ pub(crate) fn top_plan_after_key(
         },
         &after,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kind of projection, nested.
+    fn projections() -> Vec<Projected> {
+        let f = Fact::builder("Shop")
+            .field("name", "a \"quoted\"\nname")
+            .field("n", 7)
+            .build()
+            .unwrap();
+        let h = f.hash();
+        let leaves = vec![
+            Projected::Hash(h),
+            Projected::Seq(0),
+            Projected::Seq(-42),
+            Projected::Seq(i64::MAX),
+            Projected::Field(None),
+            Projected::Field(f.field("name").cloned()),
+            Projected::Fact(f.clone()),
+        ];
+        let mut all = leaves.clone();
+        all.push(Projected::Record(vec![
+            ("z".into(), Projected::Hash(h)),
+            ("a".into(), Projected::Seq(3)),
+            ("m".into(), Projected::Record(vec![])),
+        ]));
+        all.push(Projected::Collection(leaves));
+        all.push(Projected::Collection(vec![]));
+        all
+    }
+
+    #[test]
+    fn written_json_is_serde_json_of_the_json_form() {
+        for p in projections() {
+            let mut direct = Vec::new();
+            p.write_json(&mut direct).unwrap();
+            assert_eq!(
+                String::from_utf8(direct).unwrap(),
+                serde_json::to_string(&p.to_json()).unwrap(),
+                "{p:?}"
+            );
+        }
+    }
 }

@@ -19,6 +19,7 @@
 //! `EXISTS (SELECT 1 ...)`.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use super::QueryError;
 use super::model::*;
@@ -66,9 +67,10 @@ pub(crate) struct Node {
 pub(crate) struct Plan {
     pub sql: String,
     pub params: Vec<Param>,
-    pub labels: Vec<String>,
+    /// Shared, so that each row read binds its labels without copying their names.
+    pub labels: Vec<Arc<str>>,
     /// The fact type of each of `labels`.
-    pub types: Vec<String>,
+    pub types: Vec<Arc<str>>,
 }
 
 struct Compiler {
@@ -697,7 +699,7 @@ fn compile_keyset(
     Ok(Plan {
         sql,
         params: c.params,
-        labels: shape.output.clone(),
+        labels: shape.output.iter().map(|l| Arc::from(l.as_str())).collect(),
         types: shape
             .output
             .iter()
@@ -705,8 +707,7 @@ fn compile_keyset(
                 nodes
                     .iter()
                     .find(|n| &n.label == l)
-                    .map(|n| n.type_name.clone())
-                    .unwrap_or_default()
+                    .map_or_else(|| Arc::from(""), |n| Arc::from(n.type_name.as_str()))
             })
             .collect(),
     })

@@ -250,7 +250,7 @@ fn run(store: &Store, page: &Page, out: &mut Answer) -> crate::Result<()> {
         if count > 0 {
             out.buf.push(b',');
         }
-        serde_json::to_writer(&mut out.buf, &row.value.to_json()).map_err(std::io::Error::from)?;
+        row.value.write_json(&mut out.buf)?;
         count += 1;
         out.maybe_flush()?;
         last = Some(row);
