@@ -12,8 +12,8 @@
 #
 # SANITIZER is cargo-fuzz's --sanitizer: address (the default), none, leak, memory or
 # thread. The code under test is safe Rust and AddressSanitizer does not instrument the
-# bundled SQLite C code, so `none` finds what address finds short of unsafe code, several
-# times faster; each sanitizer builds in a target directory of its own (fuzz/target for
+# bundled SQLite C code, so `none` finds what address would short of unsafe code; each
+# sanitizer builds in a target directory of its own (fuzz/target for
 # address, fuzz/target/<sanitizer> for the others), so switching rebuilds nothing. Debug
 # assertions and overflow checks are on either way (cargo-fuzz's default).
 #
