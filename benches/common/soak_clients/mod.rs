@@ -422,13 +422,7 @@ fn phase(hub: &Hub, dir: &Path, name: &str, counts: Counts, seconds: u64, verbos
         }
     }
 
-    let mut hub_set = HashSet::new();
-    hub_store
-        .for_each_released(0, |_, h, _| {
-            hub_set.insert(h);
-            Ok(())
-        })
-        .unwrap();
+    let hub_set = released_set(&hub_store);
     // Watchers: each must hold, in its last connection, every fact of its API client on
     // the hub (acknowledged or not), once.
     let api_on_hub = of_run("Soak.Api");
@@ -488,13 +482,7 @@ fn phase(hub: &Hub, dir: &Path, name: &str, counts: Counts, seconds: u64, verbos
             .count() as u64;
     }
     for store in &stores {
-        let mut set = HashSet::new();
-        store
-            .for_each_released(0, |_, h, _| {
-                set.insert(h);
-                Ok(())
-            })
-            .unwrap();
+        let set = released_set(store);
         if set != hub_set {
             lost.nodes_diverged += 1;
         }
@@ -647,4 +635,16 @@ pub fn memory(phase: &Phase, without_sqlite: bool) -> Memory {
         max: r.iter().map(mib).fold(0.0, f64::max),
         slope: if var > 0.0 { cov / var * 60.0 } else { 0.0 },
     }
+}
+
+/// The hashes of every fact released in `store`.
+fn released_set(store: &Store) -> HashSet<FactHash> {
+    let mut set = HashSet::new();
+    store
+        .for_each_released(0, |_, h, _| {
+            set.insert(h);
+            Ok(())
+        })
+        .unwrap();
+    set
 }
