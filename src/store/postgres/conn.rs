@@ -186,6 +186,18 @@ impl<'a> Tx<'a> {
         self.with(|c| c.client.batch_execute(end).map_err(backend))
     }
 
+    /// Runs `last` (statements without parameters) and then `COMMIT`, in one round trip.
+    /// If either fails the transaction is still taken as open, so that dropping this
+    /// rolls it back: a failed statement before the `COMMIT` leaves it open and aborted
+    /// (the server skips the rest of the string), and a `ROLLBACK` after a failed `COMMIT`
+    /// only draws a warning.
+    pub(crate) fn finish_after(&mut self, last: &str) -> Result<()> {
+        let sql = format!("{last}; COMMIT");
+        self.with(|c| c.client.batch_execute(&sql).map_err(backend))?;
+        self.open = false;
+        Ok(())
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut PgConn) -> Result<T>) -> Result<T> {
         let mut conn = self.conn.try_borrow_mut().map_err(|_| {
             Error::Backend(BackendError::new(
@@ -265,6 +277,22 @@ impl<'a> Tx<'a> {
     /// Runs statements without parameters.
     pub(crate) fn simple(&self, sql: &str) -> Result<()> {
         self.with(|c| c.client.batch_execute(sql).map_err(backend))
+    }
+
+    /// Runs statements without parameters in one round trip (each its own statement, so
+    /// at READ COMMITTED each reads with a snapshot taken when it starts) and returns the
+    /// rows they give, as text.
+    pub(crate) fn simple_rows(&self, sql: &str) -> Result<Vec<postgres::SimpleQueryRow>> {
+        self.with(|c| {
+            let messages = c.client.simple_query(sql).map_err(backend)?;
+            Ok(messages
+                .into_iter()
+                .filter_map(|m| match m {
+                    postgres::SimpleQueryMessage::Row(r) => Some(r),
+                    _ => None,
+                })
+                .collect())
+        })
     }
 }
 

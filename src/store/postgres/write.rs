@@ -15,7 +15,7 @@ use super::conn::Tx;
 use super::names::Fresh;
 use super::read::hash_at;
 use super::{PgBackend, WRITE_LOCK};
-use crate::error::{Error, Result};
+use crate::error::{BackendError, BackendErrorKind, Error, Result};
 use crate::fact::Fact;
 use crate::hash::FactHash;
 use crate::store::backend::{HookRunner, ReadTx, WriteTx};
@@ -141,29 +141,28 @@ impl WriteTx for PgWrite<'_> {
     }
 
     fn commit(mut self: Box<Self>) -> Result<()> {
+        // The counters, the notice and the `COMMIT` in one round trip: numbers and the
+        // channel's fixed name written into the text (a simple query takes no parameters).
         if let Some(now) = self.locked.filter(|now| now.seq != self.at_lock.seq) {
             // Facts were released: both counters (`held` rewritten only if it changed)
-            // and the notice in one round trip. The notice is delivered at the commit, in
-            // commit order, to every store listening on this database (`notify.rs`);
-            // nothing if the commit fails.
-            self.tx.exec(
-                "WITH h AS (UPDATE counter SET value = $1 WHERE name = 'held' AND value <> $1),
-                 s AS (UPDATE counter SET value = $2 WHERE name = 'seq')
-                 SELECT pg_notify($3, $4)",
-                &[
-                    &now.held,
-                    &now.seq,
-                    &crate::store::NOTIFY_CHANNEL,
-                    &now.seq.to_string(),
-                ],
-            )?;
+            // and the notice. The notice is delivered at the commit, in commit order, to
+            // every store listening on this database (`notify.rs`); nothing if the
+            // commit fails.
+            let (held, seq) = (now.held, now.seq);
+            self.tx.finish_after(&format!(
+                "WITH h AS (UPDATE counter SET value = {held} WHERE name = 'held' AND value <> {held}),
+                 s AS (UPDATE counter SET value = {seq} WHERE name = 'seq')
+                 SELECT pg_notify('{}', '{seq}')",
+                crate::store::NOTIFY_CHANNEL
+            ))?;
         } else if let Some(now) = self.locked.filter(|now| now.held != self.at_lock.held) {
-            self.tx.exec(
-                "UPDATE counter SET value = $1 WHERE name = 'held'",
-                &[&now.held],
-            )?;
+            self.tx.finish_after(&format!(
+                "UPDATE counter SET value = {} WHERE name = 'held'",
+                now.held
+            ))?;
+        } else {
+            self.tx.finish("COMMIT")?;
         }
-        self.tx.finish("COMMIT")?;
         let names = std::mem::take(&mut self.names);
         self.tx.backend.shared.names.commit(names);
         Ok(())
@@ -192,17 +191,26 @@ impl<'a> PgWrite<'a> {
         if let Some(l) = self.locked {
             return Ok(l);
         }
-        self.tx
-            .exec("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])?;
-        // A statement of its own, so its snapshot is taken after the lock is granted.
+        // The counters in a statement of their own, so that their snapshot is taken
+        // after the lock is granted; both statements in one round trip.
         let mut l = Locked::default();
-        for row in self.tx.rows(
-            "SELECT name, value FROM counter WHERE name IN ('held', 'seq')",
-            &[],
-        )? {
-            match row.get::<_, &str>(0) {
-                "held" => l.held = row.get(1),
-                _ => l.seq = row.get(1),
+        for row in self.tx.simple_rows(&format!(
+            "SELECT pg_advisory_xact_lock({WRITE_LOCK});
+             SELECT name, value FROM counter WHERE name IN ('held', 'seq')"
+        ))? {
+            let value = || -> Result<i64> {
+                row.get(1).and_then(|v| v.parse().ok()).ok_or_else(|| {
+                    Error::Backend(BackendError::new(
+                        BackendErrorKind::Other,
+                        format!("postgres: counter {:?} reads {:?}", row.get(0), row.get(1)),
+                    ))
+                })
+            };
+            match row.get(0) {
+                Some("held") => l.held = value()?,
+                Some("seq") => l.seq = value()?,
+                // The lock's own row (`pg_advisory_xact_lock` returns void).
+                _ => {}
             }
         }
         self.locked = Some(l);

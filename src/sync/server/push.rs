@@ -13,9 +13,11 @@
 //! (`json_api`): the two differ only in how records are split and decoded.
 //!
 //! Decoding and re-hashing run on every core (`crate::ingest`, as `import` does), a few
-//! pieces of 1,000 records ahead of the writer, which takes the facts in body order: the
-//! quarantine, the first forbidden type, the chunks and the counts are what a decoding
-//! in this one thread gives.
+//! pieces of up to 1,000 records ahead of the writer, which takes the facts in body
+//! order: the quarantine, the first forbidden type, the chunks and the counts are what a
+//! decoding in this one thread gives. A body of 1,000 records is cut into pieces of 250
+//! on two cores (`ingest::piece_len`), and the threads start before the transaction
+//! begins, so its first round trips overlap the decoding.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -167,40 +169,42 @@ fn store_records<T: Sync>(
         return Err(too_many(records.len() as u64, max, "records"));
     }
     let mut refusal: Option<Failure> = None;
-    let result = app.store.write(|w| {
-        inc(&app.metrics.facts_received, records.len() as u64);
-        let mut push = Push::new(w.max_seq()?);
-        let mut chunk = Vec::with_capacity(CHUNK.min(records.len()));
-        // Decoded and re-hashed on every core, taken here in body order.
-        let mut i = 0;
-        ingest::for_each_in_order(records, app.decode_threads, decode, |fact| {
-            let index = i;
-            i += 1;
-            match fact {
-                Ok(f) => {
-                    if let Some(g) = &caller.grant
-                        && !g.may_write_type(f.type_name())
-                    {
-                        refusal = Some(forbidden_type(g, &f));
-                        return Err(Error::SyncConfig {
-                            reason: "forbidden type".into(),
+    // The decoding threads start before the transaction: they decode the first pieces
+    // while it begins, and the next ones while the writer stores the first.
+    let result = ingest::in_order(records, app.decode_threads, decode, |facts| {
+        app.store.write(|w| {
+            inc(&app.metrics.facts_received, records.len() as u64);
+            let mut push = Push::new(w.max_seq()?);
+            let mut chunk = Vec::with_capacity(CHUNK.min(records.len()));
+            for (index, fact) in facts.enumerate() {
+                match fact {
+                    Ok(f) => {
+                        if let Some(g) = &caller.grant
+                            && !g.may_write_type(f.type_name())
+                        {
+                            refusal = Some(forbidden_type(g, &f));
+                            return Err(Error::SyncConfig {
+                                reason: "forbidden type".into(),
+                            });
+                        }
+                        push.hashes.push(f.hash());
+                        chunk.push(f);
+                        if chunk.len() == CHUNK {
+                            push.insert(w, std::mem::take(&mut chunk))?;
+                        }
+                    }
+                    Err((reason, b)) => {
+                        w.quarantine(&caller.name, &reason, &b)?;
+                        push.rejected.push(Rejected {
+                            index: index as u64,
+                            reason,
                         });
                     }
-                    push.hashes.push(f.hash());
-                    chunk.push(f);
-                    if chunk.len() == CHUNK {
-                        push.insert(w, std::mem::take(&mut chunk))?;
-                    }
-                }
-                Err((reason, b)) => {
-                    w.quarantine(&caller.name, &reason, &b)?;
-                    push.rejected.push(Rejected { index, reason });
                 }
             }
-            Ok(())
-        })?;
-        push.insert(w, chunk)?;
-        push.finish(w, &caller.name, app.limits.max_held_per_peer, records.len())
+            push.insert(w, chunk)?;
+            push.finish(w, &caller.name, app.limits.max_held_per_peer, records.len())
+        })
     });
     // A refusal decided inside the transaction (which it rolled back).
     if let Some(f) = refusal {
