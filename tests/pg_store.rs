@@ -568,6 +568,35 @@ fn a_writer_held_off_past_the_busy_timeout_is_busy() {
     assert_eq!(waiter.seq_of(&late.hash()).unwrap(), Some(2));
 }
 
+/// The counters' statement and the `COMMIT` go to the server in one round trip: when the
+/// statement fails, the `COMMIT` does not run, the write fails and commits nothing, and
+/// the connection goes back to the pool with its transaction rolled back (left open and
+/// aborted, the next write on it would fail).
+#[test]
+fn a_failed_statement_before_the_commit_commits_nothing_and_the_next_write_runs() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    let links = chain(3);
+    assert_eq!(store.insert(&links[0]).unwrap().released(), 1);
+    db.psql(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql
+           AS $$ BEGIN RAISE EXCEPTION 'counter refused by the test'; END $$;
+         CREATE TRIGGER refuse BEFORE UPDATE ON counter
+           FOR EACH ROW EXECUTE FUNCTION refuse()",
+    );
+    let err = store.insert(&links[1]).unwrap_err();
+    assert!(
+        err.to_string().contains("counter refused by the test"),
+        "{err}"
+    );
+    db.psql("DROP TRIGGER refuse ON counter");
+    assert_eq!(store.seq_of(&links[1].hash()).unwrap(), None);
+    assert_eq!(store.insert(&links[1]).unwrap().released(), 1);
+    assert_eq!(store.insert(&links[2]).unwrap().released(), 1);
+    assert_eq!(store.seq_of(&links[2].hash()).unwrap(), Some(3));
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+}
+
 /// Connections cut by the server (as a restart would): the transaction that was open
 /// fails saying so and commits nothing; the next one runs on a new connection.
 #[test]
