@@ -746,3 +746,60 @@ fn a_remote_cli_handler_exiting_75_gets_the_retry_delay_it_asks_for() {
     let back = claim_one(&q);
     assert_eq!((back.input.hash(), back.attempt), (inputs[0].hash(), 2));
 }
+
+/// The threads of process `pid`.
+fn threads(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn long_poll_claims_beyond_the_store_threads_wait_without_a_thread_each() {
+    // 24 workers long-polling an empty queue on a server of 2 store threads: each claim's
+    // wait would hold a thread of tokio's blocking pool (512 by default); bounded, they
+    // take turns on 2, and every one still gets its input once the inputs arrive.
+    const WORKERS: usize = 24;
+    let dir = tempfile::tempdir().unwrap();
+    let (db, _) = hub(dir.path(), 0, "30s");
+    let serve = Serve::start(&db, "127.0.0.1:0", &["--store-threads", "2"]);
+    let pid = serve._server.child.id();
+    // One claim first, so the pool has started a thread.
+    assert!(
+        queue(&serve.url, None)
+            .claim(1, Duration::ZERO)
+            .unwrap()
+            .is_empty()
+    );
+    let idle = threads(pid);
+    let claimers: Vec<_> = (0..WORKERS)
+        .map(|_| {
+            let q = queue(&serve.url, None);
+            std::thread::spawn(move || q.claim(1, Duration::from_secs(20)).unwrap())
+        })
+        .collect();
+    let mut most = 0;
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        most = most.max(threads(pid));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        most <= idle + 2,
+        "{most} threads while {WORKERS} claims wait (idle: {idle})"
+    );
+    let facts = orders(WORKERS, None);
+    import(&db, &facts);
+    let mut got: Vec<FactHash> = claimers
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .map(|l| l.input.hash())
+        .collect();
+    assert_eq!(got.len(), WORKERS, "every waiting claim got an input");
+    got.sort();
+    got.dedup();
+    assert_eq!(got.len(), WORKERS, "no input claimed twice");
+}

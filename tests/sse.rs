@@ -583,6 +583,73 @@ fn batched_events_carry_every_result_once_and_in_order() {
 }
 
 #[test]
+fn a_feed_keeps_no_results_yet_late_clients_get_each_result_once() {
+    // No exists, no limit, no collection: results are only added, so the shared watch
+    // keeps none of them and a client joining reads its snapshot from the database.
+    const PUSHES: u64 = 10;
+    const PER_PUSH: u64 = 100;
+    let db = Db::init();
+    let shop = common::shop::shop("corner");
+    let orders: Vec<Fact> = (0..PUSHES * PER_PUSH)
+        .map(|id| common::shop::order(&shop, "id", id as i64))
+        .collect();
+    db.store()
+        .insert_batch(vec![shop.clone(), orders[0].clone()])
+        .unwrap();
+    let server = Server::start(&db.path);
+    let url = server.url.clone();
+    let query = "given s: Shop match o: Shop.Order where o->shop = s select o.id";
+    let path = watch_path(query, &[("s", shop.hash().to_string())]);
+    let mut early = Stream::open(&url, &path, None);
+    assert_eq!(early.snapshot(), vec![json!(0)]);
+    // Clients join between pushes that the watch has not polled yet.
+    let mut late = Vec::new();
+    for (i, chunk) in orders[1..].chunks(PER_PUSH as usize).enumerate() {
+        let body: Vec<Json> = chunk.iter().map(fact_json).collect();
+        let pushed = post_json(&url, "/v1/facts", &json!(body), None);
+        assert_eq!(pushed["released"], chunk.len(), "{pushed}");
+        if i % 3 == 1 {
+            late.push(Stream::open(&url, &path, None));
+        }
+    }
+    let all: Vec<u64> = (0..PUSHES * PER_PUSH).collect();
+    let got: Vec<(String, Json)> = (1..all.len()).map(|_| early.expect()).collect();
+    assert_eq!(
+        added_ids(&got),
+        all[1..],
+        "every result once, in release order"
+    );
+    assert!(late.len() >= 3);
+    for s in &mut late {
+        let mut snapshot: Vec<u64> = s.snapshot().iter().map(|v| v.as_u64().unwrap()).collect();
+        snapshot.sort_unstable();
+        let k = snapshot.len();
+        assert!(k > 1, "{k} results in the snapshot");
+        assert_eq!(snapshot, all[..k], "the results of when it joined");
+        let rest: Vec<(String, Json)> = (k..all.len()).map(|_| s.expect()).collect();
+        assert_eq!(added_ids(&rest), all[k..], "then each later one once");
+    }
+    // Written by another process (the command line), seen by every client once.
+    let extra = common::shop::order(&shop, "id", 5_000);
+    run_ok(&db.path, &["add"], fact_json(&extra).to_string().as_bytes());
+    let mut again = Stream::open(&url, &path, None);
+    let mut snapshot: Vec<u64> = again
+        .snapshot()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    snapshot.sort_unstable();
+    // Joining polls first: the snapshot is of now, the fact included.
+    let want: Vec<u64> = all.iter().copied().chain([5_000]).collect();
+    assert_eq!(snapshot, want);
+    // Next for every client, so no earlier result was sent twice; then nothing else.
+    for s in std::iter::once(&mut early).chain(&mut late) {
+        assert_eq!(s.expect(), ("added".to_string(), json!(5_000)));
+        assert_eq!(s.next(Duration::from_millis(300)), Read1::Timeout);
+    }
+}
+
+#[test]
 fn watch_and_events_need_read_and_bad_requests_are_400_naming_what() {
     let db = Db::init();
     let shop = common::shop::shop("corner");

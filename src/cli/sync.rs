@@ -60,6 +60,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DUR", default_value = "50ms",
           value_parser = super::time::parse_secs_or_duration)]
     pub poll_interval: Duration,
+    /// Most threads running store calls at once (each a database connection on
+    /// PostgreSQL); further requests wait their turn without a thread.
+    #[arg(long, value_name = "N", default_value_t = precedent::sync::server::STORE_THREADS)]
+    pub store_threads: usize,
     /// Serve an address other than loopback without --tokens, letting anyone who can
     /// reach it read and write (refused without this flag).
     #[arg(long)]
@@ -155,6 +159,7 @@ pub fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<Status> {
     config.tls = a.tls_cert.zip(a.tls_key);
     config.decode_threads = super::import::threads();
     config.poll_interval = a.poll_interval.max(Duration::from_millis(1));
+    config.store_threads = a.store_threads.max(1);
     config.limits = Limits {
         max_body_bytes: a.max_body_bytes,
         max_facts_per_request: a.max_facts_per_request.max(1),

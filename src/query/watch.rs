@@ -93,8 +93,15 @@ pub struct Watch {
     query: Query,
     givens: Givens,
     after: i64,
-    /// The current results; with `limit n`, the first `n` in the query's order.
+    /// The current results; with `limit n`, the first `n` in the query's order. Empty
+    /// when `keep` is false.
     results: HashMap<Vec<i64>, QueryRow>,
+    /// Whether `results` is kept: always, but for a watch whose results can only be added
+    /// after [`Watch::forget_results`].
+    keep: bool,
+    /// Without `keep`, the keys reported by the poll under way, when more than one
+    /// statement may find the same result: emptied after each poll.
+    fresh: HashSet<Vec<i64>>,
     /// Whether `results` holds every result of the query (always without `limit`). When
     /// not, every result outside `results` sorts after all of them.
     complete: bool,
@@ -173,6 +180,8 @@ impl Store {
             givens: givens.clone(),
             after: 0,
             results: HashMap::new(),
+            keep: true,
+            fresh: HashSet::new(),
             complete: true,
             inverses: inverse::inverses(self.dialect(), query, givens)?,
             recheck: inverse::recheck_plan(self.dialect(), query, givens)?,
@@ -193,7 +202,8 @@ impl Store {
 
 impl Watch {
     /// The current results, in the query's order (its `order by`, then release order: see
-    /// [`QueryRow::cmp_in`]); with `limit n`, the first `n`.
+    /// [`QueryRow::cmp_in`]); with `limit n`, the first `n`. Empty after
+    /// [`Watch::forget_results`]: [`Watch::snapshot`] reads them then.
     pub fn results(&self) -> Vec<&QueryRow> {
         let mut rows: Vec<&QueryRow> = self.results.values().collect();
         rows.sort_by(|a, b| a.cmp_in(b, &self.query));
@@ -203,6 +213,76 @@ impl Watch {
     /// The release sequence number up to which facts have been taken into account.
     pub fn position(&self) -> i64 {
         self.after
+    }
+
+    /// Whether the query's results can only be added, never removed or updated: it has no
+    /// `exists` or `not exists`, no `limit` and no child collection in its projection. Such
+    /// a result depends only on its own facts and their ancestors, which never change.
+    pub fn appends_only(&self) -> bool {
+        self.query.limit.is_none()
+            && !reads_collection(&self.query.select)
+            && self.inverses.iter().all(|i| i.finds == Finds::Results)
+    }
+
+    /// Stops keeping the current results in memory, for a watch whose results can only
+    /// be added ([`Watch::appends_only`]); `false`, and nothing changes, for any other.
+    ///
+    /// A watch keeps each current result (its key, value and sort keys) to tell what
+    /// changed; one whose results only grow does not need them to, so without them its
+    /// memory stays the same however many results it reports. [`Watch::results`] is then
+    /// empty, and [`Watch::snapshot`] reads the results from the store.
+    ///
+    /// ```
+    /// # use precedent::{Fact, Store};
+    /// # use precedent::query::{Change, Givens, Query};
+    /// let store = Store::open_in_memory()?;
+    /// let q = Query::parse("match s: Shop select s.name")?;
+    /// let mut watch = store.watch(&q, &Givens::new())?;
+    /// assert!(watch.forget_results());
+    /// store.insert(&Fact::builder("Shop").field("name", "corner").build()?)?;
+    /// assert!(matches!(&watch.poll(&store)?[..], [Change::Added(_)]));
+    /// assert!(watch.results().is_empty());
+    /// let mut names = Vec::new();
+    /// watch.snapshot(&store, |row| Ok(names.push(row.value.to_json())))?;
+    /// assert_eq!(names, vec!["corner"]);
+    /// # Ok::<(), precedent::Error>(())
+    /// ```
+    pub fn forget_results(&mut self) -> bool {
+        if !self.appends_only() {
+            return false;
+        }
+        self.keep = false;
+        self.results = HashMap::new();
+        true
+    }
+
+    /// Calls `f` with each current result (as of [`Watch::position`]) in the query's
+    /// order: from [`Watch::results`], or, after [`Watch::forget_results`], read from
+    /// `store`: the query's results now whose facts were all released by the watch's
+    /// position (for such a query, exactly its results then).
+    ///
+    /// # Errors
+    /// As [`Watch::poll`], or whatever `f` returns.
+    pub fn snapshot(
+        &self,
+        store: &Store,
+        mut f: impl FnMut(&QueryRow) -> Result<()>,
+    ) -> Result<()> {
+        if self.keep {
+            return self.results().into_iter().try_for_each(f);
+        }
+        if !self.givens_released {
+            return Ok(());
+        }
+        let upto = self.after;
+        store.read(|r| {
+            Reader(r).query_each(&self.query, &self.givens, &mut |row| {
+                if row.key.iter().all(|&s| s <= upto) {
+                    f(&row)?;
+                }
+                Ok(())
+            })
+        })
     }
 
     fn refresh_givens(&mut self, store: &Reader<'_>) -> Result<()> {
@@ -227,16 +307,20 @@ impl Watch {
         // The read transaction may hold the write connection (`Store::read_brief`), so
         // what needs no statement (decoding the new results' facts and building them) is
         // done after it, whenever the poll found nothing else to do.
-        let (mut changes, later) = store.read_brief(|r| self.poll_in(&Reader(r)))?;
-        if let Some(Later { rows, upto }) = later {
-            for (i, raw) in rows {
-                let env = raw.env(&self.inverses[i].compiled.plan)?;
-                let row = row_plain(&self.query, &env)?;
-                self.admit(row, &mut changes);
+        let polled = store.read_brief(|r| self.poll_in(&Reader(r)));
+        let built = polled.and_then(|(mut changes, later)| {
+            if let Some(Later { rows, upto }) = later {
+                for (i, raw) in rows {
+                    let env = raw.env(&self.inverses[i].compiled.plan)?;
+                    let row = row_plain(&self.query, &env)?;
+                    self.admit(row, &mut changes);
+                }
+                self.after = upto;
             }
-            self.after = upto;
-        }
-        Ok(changes)
+            Ok(changes)
+        });
+        self.fresh = HashSet::new();
+        built
     }
 
     fn poll_in(&mut self, store: &Reader<'_>) -> Result<(Vec<Change>, Option<Later>)> {
@@ -434,12 +518,16 @@ impl Watch {
         seen: &mut dyn FnMut(&QueryRow) -> Result<()>,
     ) -> Result<()> {
         let (query, givens, results) = (&self.query, &self.givens, &mut self.results);
+        let keep = self.keep;
+        let mut found = 0u64;
         store.query_each(query, givens, &mut |row| {
             seen(&row)?;
-            results.insert(row.key.clone(), row);
+            found += 1;
+            if keep {
+                results.insert(row.key.clone(), row);
+            }
             Ok(())
         })?;
-        let found = self.results.len() as u64;
         self.complete = self.query.limit.is_none_or(|n| found < n);
         Ok(())
     }
@@ -455,6 +543,14 @@ impl Watch {
     /// `limit`, sorts after the results kept while others are left out. A result pushed
     /// past the limit by it is removed.
     fn admit(&mut self, row: QueryRow, changes: &mut Vec<Change>) {
+        if !self.keep {
+            // Results only added: one that holds a fact of this poll's range was not
+            // reported before; two statements of this poll may find the same one.
+            if self.inverses.len() < 2 || self.fresh.insert(row.key.clone()) {
+                changes.push(Change::Added(row));
+            }
+            return;
+        }
         if self.results.contains_key(&row.key) {
             return;
         }

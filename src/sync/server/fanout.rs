@@ -9,7 +9,11 @@
 //! of commits costs one poll: 50 ms for one client, 2 ms more for each further one, at most
 //! 250 ms), polls in one read transaction, and appends the events to each client's queue. A client that joins takes its snapshot from the shared watch's current
 //! results, under the same lock as the polls: it gets `added` for each, `ready`, then
-//! every change after that point, as a client of its own watch would.
+//! every change after that point, as a client of its own watch would. A watch whose
+//! results can only be added ([`Watch::appends_only`]: no `exists`, no `limit`, no child
+//! collection) keeps none of them in memory ([`Watch::forget_results`]), so a feed that
+//! grows for days costs the server nothing per result; a client joining it reads its
+//! snapshot from the store at the watch's position ([`Watch::snapshot`]).
 //!
 //! A client's queue holds pointers to shared events. A client whose queue holds
 //! [`WATCH_BUFFER`] results or more and that has read nothing for the stall limit is cut:
@@ -290,9 +294,12 @@ impl Watches {
                 let changes = st.watch.poll(&setup.store).map_err(failure)?;
                 offer(&mut st, &changes, setup.stall);
                 let mut b = Builder::default();
-                for r in st.watch.results() {
-                    b.push("added", r);
-                }
+                st.watch
+                    .snapshot(&setup.store, |r| {
+                        b.push("added", r);
+                        Ok(())
+                    })
+                    .map_err(failure)?;
                 let mut items = b.finish();
                 items.push(ready());
                 lock(&client.queue).extend(&items);
@@ -311,6 +318,9 @@ impl Watches {
             })
             .map_err(failure)?;
         watch.interval = setup.poll;
+        // A watch whose results only grow keeps none of them: its memory stays flat
+        // however many it reports, and a client that joins later reads its snapshot.
+        watch.forget_results();
         let mut items = b.finish();
         items.push(ready());
         lock(&client.queue).extend(&items);

@@ -116,7 +116,17 @@ pub struct ServerConfig {
     /// Threads that decode and re-hash the records of a push (`precedent::ingest`), for
     /// a body of more than 1,000 records; 0, the default, is one per core.
     pub decode_threads: usize,
+    /// The most threads running store calls at once (tokio's blocking pool); a request
+    /// beyond them waits for one without a thread of its own. Default
+    /// [`STORE_THREADS`].
+    pub store_threads: usize,
 }
+
+/// The default of [`ServerConfig::store_threads`]. Store calls are short, and a SQLite
+/// store has one writer; past a few threads a core, more threads add only their stacks
+/// and the allocator's per-thread memory, which the 100-client soak saw grow with the
+/// peak number of threads (512, tokio's default) rather than with its work.
+pub const STORE_THREADS: usize = 64;
 
 impl ServerConfig {
     /// A configuration serving `db` with the defaults.
@@ -130,6 +140,7 @@ impl ServerConfig {
             limits: Limits::default(),
             poll_interval: Duration::from_millis(50),
             decode_threads: 0,
+            store_threads: STORE_THREADS,
         }
     }
 }
@@ -337,6 +348,7 @@ fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor> {
 /// As [`Server::bind`].
 pub fn serve_until_signal(config: ServerConfig, ready: impl FnOnce(SocketAddr)) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(config.store_threads.max(1))
         .enable_all()
         .build()?;
     rt.block_on(async move {
@@ -388,6 +400,7 @@ impl Running {
         let thread = std::thread::spawn(move || -> Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
+                .max_blocking_threads(config.store_threads.max(1))
                 .enable_all()
                 .build()?;
             rt.block_on(async move {
