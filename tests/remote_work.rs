@@ -19,7 +19,7 @@ use serde_json::Value as Json;
 
 /// A `precedent serve` child; killed when dropped.
 struct Serve {
-    _server: common::process::Server,
+    server: common::process::Server,
     url: String,
     addr: SocketAddr,
 }
@@ -31,11 +31,7 @@ impl Serve {
             common::process::Server::start_with(db, &[&["--listen", listen], extra].concat());
         let url = server.url.clone();
         let addr = url.trim_start_matches("http://").parse().unwrap();
-        Serve {
-            _server: server,
-            url,
-            addr,
-        }
+        Serve { server, url, addr }
     }
 }
 
@@ -766,7 +762,7 @@ fn long_poll_claims_beyond_the_store_threads_wait_without_a_thread_each() {
     let dir = tempfile::tempdir().unwrap();
     let (db, _) = hub(dir.path(), 0, "30s");
     let serve = Serve::start(&db, "127.0.0.1:0", &["--store-threads", "2"]);
-    let pid = serve._server.child.id();
+    let pid = serve.server.child.id();
     // One claim first, so the pool has started a thread.
     assert!(
         queue(&serve.url, None)

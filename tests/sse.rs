@@ -483,6 +483,25 @@ fn clients_of_one_query_share_its_events_and_a_late_client_gets_the_results_of_t
     assert_eq!(now.len(), 3);
 }
 
+/// The ids of a watch's snapshot (results that are ids), sorted.
+fn snapshot_ids(s: &mut Stream) -> Vec<u64> {
+    let mut ids: Vec<u64> = s.snapshot().iter().map(|v| v.as_u64().unwrap()).collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Reads a client that joined while `all` (ids, in release order) were being written:
+/// its snapshot must be the ones written when it joined, then each later one comes once,
+/// in order. Returns how many the snapshot held.
+fn joined_then_each_once(s: &mut Stream, all: &[u64]) -> usize {
+    let snapshot = snapshot_ids(s);
+    let k = snapshot.len();
+    assert_eq!(snapshot, all[..k], "the results of when it joined");
+    let rest: Vec<(String, Json)> = (k..all.len()).map(|_| s.expect()).collect();
+    assert_eq!(added_ids(&rest), all[k..], "then each later one once");
+    k
+}
+
 /// The ids of `rows`, each `added`.
 fn added_ids(rows: &[(String, Json)]) -> Vec<u64> {
     rows.iter()
@@ -540,20 +559,11 @@ fn batched_events_carry_every_result_once_and_in_order() {
     );
     // The late client: the results of when it joined, then each later one once, in order.
     let mut late = late.unwrap();
-    let mut snapshot: Vec<u64> = late
-        .snapshot()
-        .iter()
-        .map(|v| v.as_u64().unwrap())
-        .collect();
-    snapshot.sort_unstable();
-    let k = snapshot.len();
+    let k = joined_then_each_once(&mut late, &all);
     assert!(
         k as u64 >= (PUSHES / 2 + 1) * PER_PUSH,
         "{k} results in the snapshot"
     );
-    assert_eq!(snapshot, all[..k]);
-    let rest: Vec<(String, Json)> = (k..all.len()).map(|_| late.expect()).collect();
-    assert_eq!(added_ids(&rest), all[k..]);
 
     // One push that cancels 50 orders and adds 50: a `removed` event and an `added` event,
     // each result once.
@@ -621,27 +631,16 @@ fn a_feed_keeps_no_results_yet_late_clients_get_each_result_once() {
     );
     assert!(late.len() >= 3);
     for s in &mut late {
-        let mut snapshot: Vec<u64> = s.snapshot().iter().map(|v| v.as_u64().unwrap()).collect();
-        snapshot.sort_unstable();
-        let k = snapshot.len();
+        let k = joined_then_each_once(s, &all);
         assert!(k > 1, "{k} results in the snapshot");
-        assert_eq!(snapshot, all[..k], "the results of when it joined");
-        let rest: Vec<(String, Json)> = (k..all.len()).map(|_| s.expect()).collect();
-        assert_eq!(added_ids(&rest), all[k..], "then each later one once");
     }
     // Written by another process (the command line), seen by every client once.
     let extra = common::shop::order(&shop, "id", 5_000);
     run_ok(&db.path, &["add"], fact_json(&extra).to_string().as_bytes());
     let mut again = Stream::open(&url, &path, None);
-    let mut snapshot: Vec<u64> = again
-        .snapshot()
-        .iter()
-        .map(|v| v.as_u64().unwrap())
-        .collect();
-    snapshot.sort_unstable();
     // Joining polls first: the snapshot is of now, the fact included.
     let want: Vec<u64> = all.iter().copied().chain([5_000]).collect();
-    assert_eq!(snapshot, want);
+    assert_eq!(snapshot_ids(&mut again), want);
     // Next for every client, so no earlier result was sent twice; then nothing else.
     for s in std::iter::once(&mut early).chain(&mut late) {
         assert_eq!(s.expect(), ("added".to_string(), json!(5_000)));

@@ -99,9 +99,6 @@ pub struct Watch {
     /// Whether `results` is kept: always, but for a watch whose results can only be added
     /// after [`Watch::forget_results`].
     keep: bool,
-    /// Without `keep`, the keys reported by the poll under way, when more than one
-    /// statement may find the same result: emptied after each poll.
-    fresh: HashSet<Vec<i64>>,
     /// Whether `results` holds every result of the query (always without `limit`). When
     /// not, every result outside `results` sorts after all of them.
     complete: bool,
@@ -181,7 +178,6 @@ impl Store {
             after: 0,
             results: HashMap::new(),
             keep: true,
-            fresh: HashSet::new(),
             complete: true,
             inverses: inverse::inverses(self.dialect(), query, givens)?,
             recheck: inverse::recheck_plan(self.dialect(), query, givens)?,
@@ -307,20 +303,24 @@ impl Watch {
         // The read transaction may hold the write connection (`Store::read_brief`), so
         // what needs no statement (decoding the new results' facts and building them) is
         // done after it, whenever the poll found nothing else to do.
-        let polled = store.read_brief(|r| self.poll_in(&Reader(r)));
-        let built = polled.and_then(|(mut changes, later)| {
-            if let Some(Later { rows, upto }) = later {
-                for (i, raw) in rows {
-                    let env = raw.env(&self.inverses[i].compiled.plan)?;
-                    let row = row_plain(&self.query, &env)?;
+        let (mut changes, later) = store.read_brief(|r| self.poll_in(&Reader(r)))?;
+        if let Some(Later { rows, upto }) = later {
+            // Without kept results (only additions: every poll of such a watch ends
+            // here), a result holding a fact of this range was not reported before, but
+            // two statements of this poll may find the same one.
+            let mut fresh = HashSet::new();
+            for (i, raw) in rows {
+                let env = raw.env(&self.inverses[i].compiled.plan)?;
+                let row = row_plain(&self.query, &env)?;
+                if self.keep {
                     self.admit(row, &mut changes);
+                } else if self.inverses.len() < 2 || fresh.insert(row.key.clone()) {
+                    changes.push(Change::Added(row));
                 }
-                self.after = upto;
             }
-            Ok(changes)
-        });
-        self.fresh = HashSet::new();
-        built
+            self.after = upto;
+        }
+        Ok(changes)
     }
 
     fn poll_in(&mut self, store: &Reader<'_>) -> Result<(Vec<Change>, Option<Later>)> {
@@ -541,16 +541,12 @@ impl Watch {
 
     /// Takes a result that holds now into `results` unless it is there already or, with
     /// `limit`, sorts after the results kept while others are left out. A result pushed
-    /// past the limit by it is removed.
+    /// past the limit by it is removed. Only for a watch that keeps its results.
     fn admit(&mut self, row: QueryRow, changes: &mut Vec<Change>) {
-        if !self.keep {
-            // Results only added: one that holds a fact of this poll's range was not
-            // reported before; two statements of this poll may find the same one.
-            if self.inverses.len() < 2 || self.fresh.insert(row.key.clone()) {
-                changes.push(Change::Added(row));
-            }
-            return;
-        }
+        debug_assert!(
+            self.keep,
+            "a watch without kept results only adds in `poll`"
+        );
         if self.results.contains_key(&row.key) {
             return;
         }

@@ -114,7 +114,7 @@ pub struct ServerConfig {
     /// How often a waiting pull looks for new facts. Default 50 ms.
     pub poll_interval: Duration,
     /// Threads that decode and re-hash the records of a push (`precedent::ingest`), for
-    /// a body of more than 1,000 records; 0, the default, is one per core.
+    /// a body of more than `ingest::MIN_PIECE` records; 0, the default, is one per core.
     pub decode_threads: usize,
     /// The most threads running store calls at once (tokio's blocking pool); a request
     /// beyond them waits for one without a thread of its own. Default
