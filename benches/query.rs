@@ -6,6 +6,8 @@
 //! parents first with `insert_batch` in chunks of 50,000. Then, on a warm cache:
 //! - "pending orders of one store": the query and the floor on the same random shops;
 //! - "all pending orders": the query (no given: read by type) and the floor;
+//! - the same asks of ours with SQLite's memory limited to `serve`'s default
+//!   (`precedent::store::set_sqlite_memory_limit`), against ours without it;
 //! - watch cost: new orders and shipments inserted one per transaction, and in batches
 //!   of 100, without a watch and with a watch of one store's pending orders polled after
 //!   each transaction, with the number of statements SQLite had to prepare again per
@@ -31,6 +33,10 @@ use serde_json::json;
 mod shop_facts;
 
 use shop_facts::{order, shipment, shop, store_shop_orders};
+
+/// `precedent serve`'s default `--sqlite-memory`, in MiB (src/cli/sync.rs): the query
+/// bench measures what it costs reads.
+const LIMIT_MIB: u64 = 16;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -236,7 +242,35 @@ fn main() {
     };
     let all_ours_ms = time3(&all_ours);
     let all_floor_ms = time3(&all_floor);
+
     drop(store);
+    drop(floor);
+
+    // The same asks of ours with SQLite's memory held to `serve`'s default limit, on a
+    // store opened under it (the limit stops caches growing; it does not empty them):
+    // SQLite reuses cached pages past the limit and reads them again from the file.
+    precedent::store::set_sqlite_memory_limit(LIMIT_MIB << 20);
+    let store = Store::open(&path).unwrap();
+    let run_ours = |h: &FactHash| {
+        let g = Givens::from([("s".to_string(), *h)]);
+        store.query(&one, &g).unwrap().len()
+    };
+    for h in &picks {
+        run_ours(h);
+    }
+    let limited_t: Vec<Duration> = picks
+        .iter()
+        .map(|h| {
+            let t = Instant::now();
+            run_ours(h);
+            t.elapsed()
+        })
+        .collect();
+    let limited_med = percentile(limited_t, 0.5);
+    let limited_all_ms = time3(&|| store.query(&all, &Givens::new()).unwrap().len());
+    let limited_sqlite_mib = precedent::store::sqlite_memory_used() as f64 / (1 << 20) as f64;
+    drop(store);
+    precedent::store::set_sqlite_memory_limit(0);
 
     // Watch cost per inserted fact.
     let watch = watch_costs(&path, &shops);
@@ -253,6 +287,11 @@ fn main() {
                       "warm_cpu_ratio": ours_cpu / floor_cpu},
         "all_pending": {"results": all_results, "ours_ms": all_ours_ms, "floor_ms": all_floor_ms,
                         "ratio": all_ours_ms / all_floor_ms},
+        "sqlite_memory_limit": {"mib": LIMIT_MIB, "sqlite_mib_after": limited_sqlite_mib,
+                                "one_store_median_ms": limited_med,
+                                "one_store_vs_unlimited": limited_med / ours_med,
+                                "all_pending_ms": limited_all_ms,
+                                "all_pending_vs_unlimited": limited_all_ms / all_ours_ms},
         "watch": watch,
     });
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
@@ -271,6 +310,12 @@ fn main() {
     println!(
         "all pending orders ({all_results}): ours {all_ours_ms:.1} ms, floor {all_floor_ms:.1} ms, ratio {:.2}",
         all_ours_ms / all_floor_ms
+    );
+    println!(
+        "with SQLite's memory limited to {LIMIT_MIB} MiB (serve's default; SQLite then held {limited_sqlite_mib:.1} MiB): \
+         one store {limited_med:.3} ms ({:.2} of unlimited), all pending {limited_all_ms:.1} ms ({:.2} of unlimited)",
+        limited_med / ours_med,
+        limited_all_ms / all_ours_ms
     );
     let out = std::env::var("PRECEDENT_BENCH_OUT")
         .map(PathBuf::from)

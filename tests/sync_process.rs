@@ -335,3 +335,53 @@ proptest! {
         assert_converged(&refs);
     }
 }
+
+/// `serve --sqlite-memory MIB` bounds SQLite's page caches over every connection of the
+/// server: after clients pull a database of many MiB whole, SQLite holds about the limit,
+/// where without one it keeps the pages it read.
+#[test]
+fn serve_keeps_sqlite_memory_near_its_limit() {
+    let a = Node::new();
+    let base = chain(100);
+    a.store().insert_batch(base.clone()).unwrap();
+    a.store()
+        .insert_batch(tree("A", &base[99], 100_000))
+        .unwrap();
+    let held_after_pulls = |limit: &str| -> u64 {
+        let server = common::process::Server::start_with(
+            &a.db,
+            &["--listen", "127.0.0.1:0", "--sqlite-memory", limit],
+        );
+        // Two clients at once, so the server reads on more than one connection.
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let b = Node::new();
+                    sync_pair(&b, &server.url);
+                    assert_eq!(b.store().max_seq().unwrap(), 100_100);
+                });
+            }
+        });
+        let addr = server.url.strip_prefix("http://").unwrap().parse().unwrap();
+        let (status, body) = raw_http(addr, "GET", "/metrics", "", b"", None);
+        assert_eq!(status, 200);
+        String::from_utf8(body)
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("precedent_sqlite_memory_bytes "))
+            .and_then(|v| v.parse().ok())
+            .expect("precedent_sqlite_memory_bytes")
+    };
+    let unlimited = held_after_pulls("0");
+    let limited = held_after_pulls("2");
+    // The database is large enough for the limit to matter...
+    assert!(
+        unlimited > 12 << 20,
+        "without a limit SQLite held {unlimited} bytes"
+    );
+    // ...and with it SQLite holds about the limit (its schemas and statements beside it).
+    assert!(
+        limited < 4 << 20,
+        "with --sqlite-memory 2 SQLite held {limited} bytes"
+    );
+}

@@ -64,11 +64,23 @@ pub struct ServeArgs {
     /// PostgreSQL); further requests wait their turn without a thread.
     #[arg(long, value_name = "N", default_value_t = precedent::sync::server::STORE_THREADS)]
     pub store_threads: usize,
+    /// Most memory, in MiB, that SQLite's page caches hold in this process, over all its
+    /// connections (a soft limit: pages beyond it are read again from the file); 0 lifts
+    /// it, leaving each connection its own cache. SQLite only.
+    #[arg(long, value_name = "MIB", default_value_t = SQLITE_MEMORY_MIB)]
+    pub sqlite_memory: u64,
     /// Serve an address other than loopback without --tokens, letting anyone who can
     /// reach it read and write (refused without this flag).
     #[arg(long)]
     pub insecure: bool,
 }
+
+/// `serve`'s default `--sqlite-memory`: a hub opens up to `--store-threads` connections,
+/// and with each keeping its own page cache of up to 64 MiB SQLite's memory grows with
+/// the database long after the hub's own has levelled off (docs/robustness.md, "Soak with
+/// 100 clients"). 16 MiB kept a 600 s soak of 100 clients flat; what it costs reads is in
+/// docs/performance.md ("Queries").
+pub const SQLITE_MEMORY_MIB: u64 = 16;
 
 /// Refuses to serve an address reachable from other hosts without tokens unless
 /// `--insecure` says so, as Redis's protected mode does: an open server on the network
@@ -148,6 +160,7 @@ pub enum PoisonCommand {
 pub fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<Status> {
     check_exposure(&a)?;
     drop(g.open(true)?);
+    precedent::store::set_sqlite_memory_limit(a.sqlite_memory.saturating_mul(1 << 20));
     let tokens = match &a.tokens {
         Some(p) => Tokens::from_file(p)?,
         None => Tokens::open(),

@@ -52,7 +52,7 @@ pub use backend::{
     Arg, Backend, Dialect, EachReleased, FromSql, HookCtx, HookRunner, ReadTx, ReleaseHook, Row,
     RowSource, Sql, SqlExt, SqlValue, ValueRef, WriteTx,
 };
-pub use sqlite::{SCHEMA_VERSION, SqliteBackend, sqlite_memory_used};
+pub use sqlite::{SCHEMA_VERSION, SqliteBackend, set_sqlite_memory_limit, sqlite_memory_used};
 pub use wake::{CHANNEL as NOTIFY_CHANNEL, Wake, WakeMark};
 
 /// A store path as messages and logs may show it: a PostgreSQL URL with its password

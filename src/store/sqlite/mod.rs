@@ -91,6 +91,25 @@ pub fn sqlite_memory_used() -> u64 {
     n.max(0) as u64
 }
 
+/// Sets a soft limit on the bytes SQLite may allocate in this process, for every SQLite
+/// connection it has open (this store's, other stores', and an application's own, which
+/// share the bundled library); 0 removes the limit. Returns the limit it replaces.
+///
+/// Past the limit SQLite frees pages from the page caches of the connection that asks
+/// for memory before it allocates more, so the caches of all connections together stay
+/// near the limit instead of growing to [`StoreOptions::cache_mib`](crate::StoreOptions)
+/// each; pages it drops are read again from the file (usually from the operating
+/// system's cache). It is soft: an allocation that cannot be met by freeing cache still
+/// succeeds. `precedent serve` sets it (`--sqlite-memory`, default 16 MiB) because it
+/// opens up to `--store-threads` connections; a library does not set it on its own.
+pub fn set_sqlite_memory_limit(bytes: u64) -> u64 {
+    let n = i64::try_from(bytes).unwrap_or(i64::MAX);
+    // SAFETY: sqlite3_soft_heap_limit64 takes a plain integer and is thread-safe (it
+    // takes SQLite's memory mutex); a negative argument would only read the limit.
+    let before = unsafe { rusqlite::ffi::sqlite3_soft_heap_limit64(n) };
+    before.max(0) as u64
+}
+
 /// What every transaction of one backend shares.
 pub(crate) struct Shared {
     pub(crate) names: NameCache,
