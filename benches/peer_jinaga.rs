@@ -21,7 +21,15 @@
 //! The floor, in the same run, `RUNS` times each on a fresh database of our schema: the
 //! same rows written by a plain client, a transaction per 1,000 facts, by `COPY` and by
 //! our server's `INSERT` statement, and the pending query's statement alone (see
-//! `floor`): PostgreSQL's own cost of what ours asks of it.
+//! `floor`): PostgreSQL's own cost of what ours asks of it. Beside it, `COPY` of our fact
+//! table alone (no edges), to show what the edge table costs.
+//!
+//! The least floor, in the same run, `RUNS` times each on a fresh database: the same
+//! facts' hashes and canonical bytes written the same way by `COPY` into one table
+//! `(hash bytea PRIMARY KEY, bytes bytea NOT NULL)` (see `least_floor`): the least any
+//! content-addressed store on PostgreSQL must write to keep a fact durably and collapse
+//! duplicates, whatever its schema. The floors are printed with their ratios to the
+//! peer's save rate.
 //!
 //! Both sides get a PostgreSQL with initdb's settings (fsync and synchronous commit on):
 //! the peer's script starts its own; ours is `PRECEDENT_BENCH_PG_URL` when set (a
@@ -208,41 +216,19 @@ fn ours(n: usize) -> Json {
            "readFactBytes": bytes, "serverPeakMB": server_peak})
 }
 
-/// A fact's row for the floor (seq, hash, type id, bytes) and its edge, if any.
+/// A fact's row for the floors (seq, hash, type id, bytes) and its edge, if any.
 type FloorRow = (i64, Vec<u8>, i64, Vec<u8>, Option<[i64; 5]>);
 
-/// The floor of one run, on a fresh database with our schema (`precedent init`): the same
-/// rows (facts and edges, hashes and canonical bytes computed before the clock starts)
-/// written by a plain client, one transaction per 1,000 facts as the requests are, each
-/// commit flushed; with `COPY ... BINARY` (`copy`) or with our server's own statement
-/// (`insert`: one `INSERT ... SELECT FROM unnest(...)` for the facts and their edges).
-/// Then the pending query's statement, prepared, run twice by the same client
-/// (`readHashMs`, the better of the two): PostgreSQL's own cost of the answer ours gives.
-fn floor(n: usize, how: &str) -> Json {
-    use postgres::binary_copy::BinaryCopyInWriter;
-    use postgres::types::Type;
-    let db = database();
-    let init = Command::new(BIN)
-        .args(["--db", &db, "init"])
-        .output()
-        .unwrap();
-    assert!(init.status.success(), "init");
-    let mut c = postgres::Client::connect(&db, postgres::NoTls).unwrap();
-    c.batch_execute(
-        "INSERT INTO fact_type (id, name) VALUES (1, 'Bench.Store'), (2, 'Bench.Order'), (3, 'Bench.OrderShipped');
-         INSERT INTO role (id, name) VALUES (1, 'store'), (2, 'order')",
-    )
-    .unwrap();
-    let (store, all) = facts(n);
-    // Rows: seq, hash, type id, bytes; an edge per fact but the store's: predecessor,
-    // role, successor type, successor, predecessor type (its successor hash is the fact's).
+/// The floors' rows of `all`, computed before the clock starts: seq, hash, type id, bytes;
+/// an edge per fact but the store's: predecessor, role, successor type, successor,
+/// predecessor type (its successor hash is the fact's).
+fn floor_rows(all: &[Fact]) -> Vec<FloorRow> {
     let seq_of: std::collections::HashMap<FactHash, i64> = all
         .iter()
         .enumerate()
         .map(|(i, f)| (f.hash(), i as i64 + 1))
         .collect();
-    let rows: Vec<FloorRow> = all
-        .iter()
+    all.iter()
         .enumerate()
         .map(|(i, f)| {
             let seq = i as i64 + 1;
@@ -263,7 +249,64 @@ fn floor(n: usize, how: &str) -> Json {
                 edge,
             )
         })
-        .collect();
+        .collect()
+}
+
+/// Writes `rows` as the floors do: a transaction per 1,000 facts as the requests are, each
+/// commit flushed (`synchronous_commit` as initdb sets it, on), the rows of a transaction
+/// written by `write`. Returns the facts per second.
+fn save_chunks(
+    c: &mut postgres::Client,
+    rows: &[FloorRow],
+    mut write: impl FnMut(&mut postgres::Transaction, &[FloorRow]),
+) -> f64 {
+    let started = Instant::now();
+    for chunk in rows.chunks(CHUNK) {
+        let mut tx = c.transaction().unwrap();
+        write(&mut tx, chunk);
+        tx.commit().unwrap();
+    }
+    rows.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+/// `copy` (a `COPY ... FROM STDIN BINARY` of `K` columns of `types`) of `rows` in `tx`.
+fn copy_in<'a, const K: usize>(
+    tx: &mut postgres::Transaction,
+    copy: &str,
+    types: &[postgres::types::Type; K],
+    rows: impl Iterator<Item = [&'a (dyn postgres::types::ToSql + Sync); K]>,
+) {
+    let mut w = postgres::binary_copy::BinaryCopyInWriter::new(tx.copy_in(copy).unwrap(), types);
+    for r in rows {
+        w.write(&r).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// The floor of one run, on a fresh database with our schema (`precedent init`): the same
+/// rows (facts and edges, [`floor_rows`]) written by a plain client ([`save_chunks`]);
+/// with `COPY ... BINARY` (`copy`), with our server's own statement (`insert`: one
+/// `INSERT ... SELECT FROM unnest(...)` for the facts and their edges), or by `COPY` of
+/// the fact rows alone (`fact`: our fact table, its three indexes and its foreign key on
+/// the type, without the edge table and its two indexes, to show what the edges cost). Then, but for `fact`, the pending
+/// query's statement, prepared, run twice by the same client (`readHashMs`, the better of
+/// the two): PostgreSQL's own cost of the answer ours gives.
+fn floor(n: usize, how: &str) -> Json {
+    use postgres::types::Type;
+    let db = database();
+    let init = Command::new(BIN)
+        .args(["--db", &db, "init"])
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "init");
+    let mut c = postgres::Client::connect(&db, postgres::NoTls).unwrap();
+    c.batch_execute(
+        "INSERT INTO fact_type (id, name) VALUES (1, 'Bench.Store'), (2, 'Bench.Order'), (3, 'Bench.OrderShipped');
+         INSERT INTO role (id, name) VALUES (1, 'store'), (2, 'order')",
+    )
+    .unwrap();
+    let (store, all) = facts(n);
+    let rows = floor_rows(&all);
     let insert = c
         .prepare(
             "WITH f AS (
@@ -276,40 +319,12 @@ fn floor(n: usize, how: &str) -> Json {
              SELECT count(*) FROM f",
         )
         .unwrap();
-    let started = Instant::now();
-    for chunk in rows.chunks(CHUNK) {
-        let mut tx = c.transaction().unwrap();
+    let rate = save_chunks(&mut c, &rows, |tx, chunk| {
         let edges: Vec<([i64; 5], &[u8])> = chunk
             .iter()
             .filter_map(|r| r.4.map(|e| (e, &r.1[..])))
             .collect();
-        if how == "copy" {
-            let sink = tx
-                .copy_in("COPY fact (seq, hash, type_id, bytes) FROM STDIN BINARY")
-                .unwrap();
-            let mut w =
-                BinaryCopyInWriter::new(sink, &[Type::INT8, Type::BYTEA, Type::INT8, Type::BYTEA]);
-            for r in chunk {
-                w.write(&[&r.0, &r.1, &r.2, &r.3]).unwrap();
-            }
-            w.finish().unwrap();
-            let sink = tx
-                .copy_in("COPY edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash) FROM STDIN BINARY")
-                .unwrap();
-            let types = [
-                Type::INT8,
-                Type::INT8,
-                Type::INT8,
-                Type::INT8,
-                Type::INT8,
-                Type::BYTEA,
-            ];
-            let mut w = BinaryCopyInWriter::new(sink, &types);
-            for (e, h) in &edges {
-                w.write(&[&e[0], &e[1], &e[2], &e[3], &e[4], h]).unwrap();
-            }
-            w.finish().unwrap();
-        } else {
+        if how == "insert" {
             let col = |k: usize| edges.iter().map(|e| e.0[k]).collect::<Vec<i64>>();
             let succ_hash: Vec<&[u8]> = edges.iter().map(|e| e.1).collect();
             let seqs: Vec<i64> = chunk.iter().map(|r| r.0).collect();
@@ -335,10 +350,39 @@ fn floor(n: usize, how: &str) -> Json {
                 .unwrap()
                 .get(0);
             assert_eq!(n as usize, chunk.len());
+            return;
         }
-        tx.commit().unwrap();
+        copy_in(
+            tx,
+            "COPY fact (seq, hash, type_id, bytes) FROM STDIN BINARY",
+            &[Type::INT8, Type::BYTEA, Type::INT8, Type::BYTEA],
+            chunk
+                .iter()
+                .map(|r| [&r.0 as _, &r.1 as _, &r.2 as _, &r.3 as _]),
+        );
+        if how == "copy" {
+            copy_in(
+                tx,
+                "COPY edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash) FROM STDIN BINARY",
+                &[
+                    Type::INT8,
+                    Type::INT8,
+                    Type::INT8,
+                    Type::INT8,
+                    Type::INT8,
+                    Type::BYTEA,
+                ],
+                edges.iter().map(|(e, h)| {
+                    [
+                        &e[0] as _, &e[1] as _, &e[2] as _, &e[3] as _, &e[4] as _, h as _,
+                    ]
+                }),
+            );
+        }
+    });
+    if how == "fact" {
+        return json!({"how": how, "saveFactsPerSec": rate});
     }
-    let save_secs = started.elapsed().as_secs_f64();
     // The statement ours runs for `select hash(o)` (as its log shows), parameters bound:
     // the hashes from the edges (schema version 4).
     let q = c
@@ -357,7 +401,33 @@ fn floor(n: usize, how: &str) -> Json {
         best = best.min(t.elapsed().as_secs_f64() * 1e3);
         assert_eq!(got.len(), n / 2, "pending orders");
     }
-    json!({"how": how, "saveFactsPerSec": all.len() as f64 / save_secs, "readHashMs": best})
+    json!({"how": how, "saveFactsPerSec": rate, "readHashMs": best})
+}
+
+/// The least floor of one run: the least any content-addressed store on PostgreSQL must
+/// write per fact to keep it durably and collapse duplicates, whatever its schema. One
+/// table in a fresh database, `(hash bytea PRIMARY KEY, bytes bytea NOT NULL)`: the
+/// unique index on the hash is what collapses a duplicate, the bytes are the fact; no
+/// sequence, type, edge or other index. The same facts' hashes and canonical bytes
+/// ([`floor_rows`]) written as the floor writes them ([`save_chunks`]) by `COPY ...
+/// BINARY`. If this is short of a target against the peer, no schema meets it here.
+fn least_floor(n: usize) -> Json {
+    use postgres::types::Type;
+    let db = database();
+    let mut c = postgres::Client::connect(&db, postgres::NoTls).unwrap();
+    c.batch_execute("CREATE TABLE fact (hash bytea PRIMARY KEY, bytes bytea NOT NULL)")
+        .unwrap();
+    let (_, all) = facts(n);
+    let rows = floor_rows(&all);
+    let rate = save_chunks(&mut c, &rows, |tx, chunk| {
+        copy_in(
+            tx,
+            "COPY fact (hash, bytes) FROM STDIN BINARY",
+            &[Type::BYTEA, Type::BYTEA],
+            chunk.iter().map(|r| [&r.1 as _, &r.3 as _]),
+        )
+    });
+    json!({"how": "least", "saveFactsPerSec": rate})
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -415,9 +485,16 @@ fn main() {
     );
     let ours_runs: Vec<Json> = (0..runs).map(|_| ours(n)).collect();
     // The floors, in the same run: a plain client's COPY and our statement, and the
-    // pending query's statement alone.
+    // pending query's statement alone; the fact table alone; the least floor.
     let floors: Vec<Json> = (0..runs)
-        .flat_map(|_| [floor(n, "copy"), floor(n, "insert")])
+        .flat_map(|_| {
+            [
+                floor(n, "copy"),
+                floor(n, "insert"),
+                floor(n, "fact"),
+                least_floor(n),
+            ]
+        })
         .collect();
     let fm = |how: &str, k: &str| {
         median(
@@ -428,11 +505,21 @@ fn main() {
                 .collect::<Vec<_>>(),
         )
     };
+    let floor_median = json!({
+        "copy": fm("copy", "saveFactsPerSec"), "insert": fm("insert", "saveFactsPerSec"),
+        "fact": fm("fact", "saveFactsPerSec"), "least": fm("least", "saveFactsPerSec"),
+        "readHashMs": fm("insert", "readHashMs").min(fm("copy", "readHashMs")),
+    });
     println!(
-        "floor (a plain client, same rows, a transaction per {CHUNK} facts): COPY {:.0} facts/s, our INSERT statement {:.0} facts/s; the pending statement alone {:.1} ms",
-        fm("copy", "saveFactsPerSec"),
-        fm("insert", "saveFactsPerSec"),
-        fm("insert", "readHashMs").min(fm("copy", "readHashMs"))
+        "floor (a plain client, same rows, a transaction per {CHUNK} facts): COPY {:.0} facts/s, our INSERT statement {:.0} facts/s, COPY of the fact table alone {:.0} facts/s; the pending statement alone {:.1} ms",
+        floor_median["copy"].as_f64().unwrap(),
+        floor_median["insert"].as_f64().unwrap(),
+        floor_median["fact"].as_f64().unwrap(),
+        floor_median["readHashMs"].as_f64().unwrap()
+    );
+    println!(
+        "least floor (one table, hash primary key and bytes, COPY, a transaction per {CHUNK} facts): {:.0} facts/s",
+        floor_median["least"].as_f64().unwrap()
     );
     let m = |k: &str| {
         median(
@@ -461,7 +548,8 @@ fn main() {
         .all(|r| r["serverPeakMB"].as_f64().unwrap() < MEMORY_LIMIT_MB);
     let mut report = json!({"n": n, "runs": runs, "load_average": load.trim(),
                             "ours": {"median": ours_median, "runs": ours_runs},
-                            "memory_met": memory_met, "floors": floors});
+                            "memory_met": memory_met,
+                            "floors": {"median": floor_median, "runs": floors}});
     match peer(n, runs) {
         None => {
             println!("peer: not run (set PRECEDENT_BENCH_PEER_DIR to a copy of the peer's folder)")
@@ -485,6 +573,16 @@ fn main() {
                 verdict(ingest, INGEST_TARGET),
                 verdict(hashes, QUERY_TARGET)
             );
+            let of_peer = |how: &str| floor_median[how].as_f64().unwrap() / f("saveFactsPerSec");
+            println!(
+                "floors / peer (save): COPY {:.1}x, our INSERT statement {:.1}x, fact table alone {:.1}x, least floor {:.1}x",
+                of_peer("copy"),
+                of_peer("insert"),
+                of_peer("fact"),
+                of_peer("least")
+            );
+            report["floor_ratios"] = json!({"copy": of_peer("copy"), "insert": of_peer("insert"),
+                                            "fact": of_peer("fact"), "least": of_peer("least")});
             report["peer"] = p;
             report["ratios"] = json!({"ingest": ingest, "pending_hashes": hashes, "pending_facts": facts,
                                       "ingest_met": ingest >= INGEST_TARGET, "query_met": hashes >= QUERY_TARGET});
