@@ -286,17 +286,26 @@ fn verify_checks_the_successor_hash_each_edge_carries() {
 }
 
 #[test]
-fn a_version_4_database_gains_the_successor_hash_of_its_edges() {
+fn a_version_4_database_gains_the_successor_hash_of_its_edges_and_loses_the_type_key() {
     let Some(db) = pg::db() else { return };
     let links = chain(6);
     open(&db).insert_batch(links.clone()).unwrap();
-    // The edges as version 4 wrote them: no successor hash.
-    db.psql("ALTER TABLE edge DROP COLUMN successor_hash; UPDATE schema_version SET version = 4");
+    // The tables as version 4 had them: no successor hash in the edges, and the fact
+    // table's foreign key to its type (dropped by version 6).
+    db.psql(
+        "ALTER TABLE edge DROP COLUMN successor_hash;
+         ALTER TABLE fact ADD FOREIGN KEY (type_id) REFERENCES fact_type (id);
+         UPDATE schema_version SET version = 4",
+    );
+    let foreign_keys =
+        "SELECT count(*) FROM pg_constraint WHERE conrelid = 'fact'::regclass AND contype = 'f'";
+    assert_eq!(db.psql(foreign_keys), "1");
     let store = open(&db);
     assert_eq!(
         db.psql("SELECT version FROM schema_version"),
         PG_SCHEMA_VERSION.to_string()
     );
+    assert_eq!(db.psql(foreign_keys), "0");
     assert_eq!(
         db.psql(
             "SELECT count(*) FROM edge e JOIN fact f ON f.seq = e.successor

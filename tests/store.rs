@@ -437,6 +437,8 @@ conformance! {
         db.exec("DELETE FROM edge WHERE successor = 3");
         db.exec("UPDATE counter SET value = 5 WHERE name = 'held'");
         db.exec("DELETE FROM held_wait");
+        // A type id naming no type (neither backend has a foreign key to stop it).
+        db.exec("UPDATE fact SET type_id = 999 WHERE seq = 1");
         let s = db.store();
         let report = s.verify(|_| {}).unwrap();
         let text: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
@@ -458,6 +460,11 @@ conformance! {
         );
         assert!(
             text.iter().any(|t| t.contains("held counter says 5")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains(&facts[0].hash().to_string()) && t.contains("type column says None")),
             "{text:?}"
         );
         // Reading the damaged fact is an error, not wrong data.

@@ -116,13 +116,15 @@ impl TestDb {
     }
 
     /// Runs one data-changing statement underneath the store (with SQLite alone or with
-    /// `psql`), to damage or set up rows; returns the rows it changed.
+    /// `psql`), to damage or set up rows; returns the rows it changed. SQLite's
+    /// connection has foreign keys off, as the store's own have.
     pub fn exec(&self, sql: &str) -> usize {
         match &self.pg {
-            None => rusqlite::Connection::open(&self.location)
-                .unwrap()
-                .execute(sql, [])
-                .unwrap(),
+            None => {
+                let c = rusqlite::Connection::open(&self.location).unwrap();
+                c.pragma_update(None, "foreign_keys", "OFF").unwrap();
+                c.execute(sql, []).unwrap()
+            }
             Some(db) => db
                 .psql(&format!(
                     "WITH c AS ({sql} RETURNING 1) SELECT count(*) FROM c"
