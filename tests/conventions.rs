@@ -788,6 +788,49 @@ fn serve_limits_and_tokens_and_the_sync_token_come_from_the_config_file() {
 }
 
 #[test]
+fn every_serve_flag_but_insecure_has_a_key_in_the_config_file_example() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    let start = doc.find("[serve]").expect("a [serve] section");
+    let section = &doc[start..start + doc[start..].find("[sync]").unwrap()];
+    let keys: Vec<&str> = section
+        .lines()
+        .filter_map(|l| l.split_once(" = ").map(|(k, _)| k.trim()))
+        .collect();
+    let out = Here::new().run(&["serve", "--help"], &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let help = String::from_utf8(out.stdout).unwrap();
+    // The flags of `serve` itself: the global ones have top-level keys or none.
+    let global = [
+        "db",
+        "json",
+        "max-held",
+        "color",
+        "config",
+        "verbose",
+        "quiet",
+        "help",
+        "read-only",
+    ];
+    let mut flags: Vec<String> = help
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("--"))
+        .map(|f| f.trim_end_matches([',', '.', ')']).to_string())
+        .filter(|f| !f.is_empty() && !global.contains(&f.as_str()))
+        .collect();
+    flags.sort();
+    flags.dedup();
+    assert!(flags.len() >= 10, "{flags:?} from {help}");
+    let missing: Vec<&String> = flags
+        .iter()
+        .filter(|f| *f != "insecure" && !keys.contains(&f.replace('-', "_").as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "serve flags with no [serve] key in docs/cli.md: {missing:?}"
+    );
+}
+
+#[test]
 fn the_config_file_shown_in_docs_cli_md_is_accepted() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
     let start = doc.find("```toml\n").expect("a toml example") + "```toml\n".len();

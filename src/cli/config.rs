@@ -80,6 +80,14 @@ pub struct ServeConfig {
     #[serde(default, deserialize_with = "secs_or_duration")]
     pub request_timeout: Option<Duration>,
     pub max_connections: Option<usize>,
+    /// A duration, as `request_timeout`.
+    #[serde(default, deserialize_with = "secs_or_duration")]
+    pub sse_stall: Option<Duration>,
+    /// A duration, as `request_timeout`.
+    #[serde(default, deserialize_with = "secs_or_duration")]
+    pub poll_interval: Option<Duration>,
+    pub store_threads: Option<usize>,
+    pub sqlite_memory: Option<u64>,
 }
 
 /// `[sync]`.
@@ -292,6 +300,10 @@ fn apply_serve(
     fill!(max_held_per_peer);
     fill!(max_connections);
     fill!(request_timeout);
+    fill!(sse_stall);
+    fill!(poll_interval);
+    fill!(store_threads);
+    fill!(sqlite_memory);
     if a.tokens.is_none() {
         a.tokens = c.tokens.map(|p| beside(path, p));
     }
