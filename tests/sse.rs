@@ -43,26 +43,50 @@ enum Read1 {
 struct Body {
     tcp: TcpStream,
     chunked: bool,
-    /// Bytes left in the current chunk; `None` before a chunk's size line.
-    left: Option<usize>,
-    clean: bool,
+    /// Where the chunked coding is. Kept across reads, so that a read that times out
+    /// (the socket's read timeout) anywhere in the framing resumes where it stopped.
+    at: Chunk,
+    /// The part of a framing line read so far.
+    line: Vec<u8>,
+}
+
+/// The place in a chunked body.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Chunk {
+    /// Before a chunk's size line.
+    Size,
+    /// Inside a chunk, with this many bytes left.
+    Data(usize),
+    /// After a chunk's bytes, before the CRLF that ends it.
+    End,
+    /// After the last chunk (size 0): the body ended cleanly.
+    Clean,
 }
 
 impl Body {
-    fn byte(&mut self) -> std::io::Result<Option<u8>> {
-        let mut b = [0u8];
-        Ok((self.tcp.read(&mut b)? == 1).then_some(b[0]))
+    fn new(tcp: TcpStream) -> Body {
+        Body {
+            tcp,
+            chunked: false,
+            at: Chunk::Size,
+            line: Vec::new(),
+        }
     }
 
-    /// A line of the chunked coding (size or the CRLF after a chunk); `None` at EOF.
+    /// A line of the chunked coding (size or the CRLF after a chunk); `None` at EOF. A
+    /// timeout keeps what was read of the line for the next call.
     fn line(&mut self) -> std::io::Result<Option<String>> {
-        let mut l = Vec::new();
         loop {
-            match self.byte()? {
-                None => return Ok(None),
-                Some(b'\n') => return Ok(Some(String::from_utf8_lossy(&l).trim().to_string())),
-                Some(b) => l.push(b),
+            let mut b = [0u8];
+            if self.tcp.read(&mut b)? == 0 {
+                return Ok(None);
             }
+            if b[0] == b'\n' {
+                let l = String::from_utf8_lossy(&self.line).trim().to_string();
+                self.line.clear();
+                return Ok(Some(l));
+            }
+            self.line.push(b[0]);
         }
     }
 }
@@ -72,31 +96,38 @@ impl Read for Body {
         if !self.chunked {
             return self.tcp.read(buf);
         }
-        if self.clean {
-            return Ok(0);
-        }
-        let left = match self.left {
-            Some(n) if n > 0 => n,
-            _ => {
-                if self.left == Some(0) && self.line()?.is_none() {
-                    return Ok(0);
+        loop {
+            match self.at {
+                Chunk::Clean => return Ok(0),
+                Chunk::End => {
+                    if self.line()?.is_none() {
+                        return Ok(0);
+                    }
+                    self.at = Chunk::Size;
                 }
-                let Some(size) = self.line()? else {
-                    return Ok(0);
-                };
-                let n = usize::from_str_radix(&size, 16)
-                    .unwrap_or_else(|_| panic!("chunk size {size:?}"));
-                if n == 0 {
-                    self.clean = true;
-                    return Ok(0);
+                Chunk::Size => {
+                    let Some(size) = self.line()? else {
+                        return Ok(0);
+                    };
+                    let n = usize::from_str_radix(&size, 16)
+                        .unwrap_or_else(|_| panic!("chunk size {size:?}"));
+                    self.at = if n == 0 { Chunk::Clean } else { Chunk::Data(n) };
                 }
-                n
+                Chunk::Data(left) => {
+                    let take = left.min(buf.len());
+                    let got = self.tcp.read(&mut buf[..take])?;
+                    if got == 0 {
+                        return Ok(0);
+                    }
+                    self.at = if got == left {
+                        Chunk::End
+                    } else {
+                        Chunk::Data(left - got)
+                    };
+                    return Ok(got);
+                }
             }
-        };
-        let take = left.min(buf.len());
-        let got = self.tcp.read(&mut buf[..take])?;
-        self.left = Some(left - got);
-        Ok(got)
+        }
     }
 }
 
@@ -109,6 +140,11 @@ struct Stream {
     pending: VecDeque<(String, Json)>,
     /// The events read so far.
     events: usize,
+    /// The event being read: its kind, its data and the part of its current line read
+    /// so far, kept when a read times out so that the next call goes on from there.
+    kind: Option<String>,
+    data: String,
+    line: String,
 }
 
 fn encode(s: &str) -> String {
@@ -142,13 +178,7 @@ impl Stream {
         )
         .unwrap();
         tcp.set_read_timeout(Some(BOUND)).unwrap();
-        let body = Body {
-            tcp,
-            chunked: false,
-            left: None,
-            clean: false,
-        };
-        let mut reader = BufReader::with_capacity(1, body);
+        let mut reader = BufReader::with_capacity(1, Body::new(tcp));
         let mut line = String::new();
         reader.read_line(&mut line).unwrap();
         let status: u16 = line.split(' ').nth(1).unwrap().parse().unwrap();
@@ -174,6 +204,9 @@ impl Stream {
             reader,
             pending: VecDeque::new(),
             events: 0,
+            kind: None,
+            data: String::new(),
+            line: String::new(),
         }
     }
 
@@ -216,8 +249,6 @@ impl Stream {
     /// The next event within `within`, skipping comments.
     fn next_event(&mut self, within: Duration) -> Read1 {
         let until = Instant::now() + within;
-        let (mut kind, mut data) = (None, String::new());
-        let mut line = String::new();
         loop {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -228,9 +259,11 @@ impl Stream {
                 .tcp
                 .set_read_timeout(Some(left))
                 .unwrap();
-            line.clear();
-            match self.reader.read_line(&mut line) {
-                Ok(0) => return Read1::End(self.reader.get_ref().clean),
+            // A line cut by a timeout is kept (`read_line` appends what it read before
+            // an error) and finished by the next read.
+            match self.reader.read_line(&mut self.line) {
+                Ok(0) => return Read1::End(self.reader.get_ref().at == Chunk::Clean),
+                Ok(_) if !self.line.ends_with('\n') => continue,
                 Ok(_) => {}
                 Err(e)
                     if matches!(
@@ -243,18 +276,21 @@ impl Stream {
                 // A cut connection.
                 Err(_) => return Read1::End(false),
             }
+            let line = std::mem::take(&mut self.line);
             let l = line.trim_end_matches(['\r', '\n']);
             if l.is_empty() {
-                if let Some(k) = kind.take() {
+                if let Some(k) = self.kind.take() {
+                    let data = std::mem::take(&mut self.data);
                     let value =
                         serde_json::from_str(&data).unwrap_or_else(|e| panic!("{e}: {data}"));
                     self.events += 1;
                     return Read1::Event(k, value);
                 }
+                self.data.clear();
             } else if let Some(v) = l.strip_prefix("event:") {
-                kind = Some(v.trim().to_string());
+                self.kind = Some(v.trim().to_string());
             } else if let Some(v) = l.strip_prefix("data:") {
-                data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                self.data.push_str(v.strip_prefix(' ').unwrap_or(v));
             }
         }
     }
@@ -827,4 +863,50 @@ fn on_postgres_a_push_to_another_server_reaches_this_server_s_watchers() {
     );
     let seq = info(&b.url, None)["max_seq"].as_i64().unwrap();
     change_through(&mut events, &a.url, seq);
+}
+
+/// The test's own reader resumes after a read that timed out anywhere in the framing:
+/// inside a chunk's size line, between a chunk's bytes and its CRLF, and inside an event
+/// line. A server writes one event in pieces with pauses longer than the read timeout.
+#[test]
+fn the_event_reader_resumes_after_timeouts_anywhere_in_the_framing() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let event = "event: added\ndata: [{\"n\": 1}]\n\n";
+    let (a, b) = event.split_at(12); // inside "data: ..."
+    let pieces: Vec<Vec<u8>> = vec![
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec(),
+        format!("{:x}", a.len()).into_bytes()[..1].to_vec(), // half of the size line
+        format!("{:x}", a.len()).into_bytes()[1..].to_vec(),
+        format!("\r\n{a}").into_bytes(), // the chunk's bytes, not its CRLF
+        format!("\r\n{:x}\r\n{b}\r\n", b.len()).into_bytes(),
+        b"0\r\n\r\n".to_vec(),
+    ];
+    let server = std::thread::spawn(move || {
+        let (mut tcp, _) = listener.accept().unwrap();
+        let mut request = [0u8; 1024];
+        let _ = tcp.read(&mut request).unwrap();
+        for p in pieces {
+            tcp.write_all(&p).unwrap();
+            tcp.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    });
+    let mut s = Stream::open(&url, "/v1/watch", None);
+    assert_eq!(s.status, 200);
+    let mut timeouts = 0;
+    let got = loop {
+        match s.next(Duration::from_millis(40)) {
+            Read1::Timeout if timeouts < 100 => timeouts += 1,
+            other => break other,
+        }
+    };
+    assert!(timeouts >= 3, "the reads should have timed out between pieces: {timeouts}");
+    match got {
+        Read1::Event(k, v) => assert_eq!((k.as_str(), v), ("added", json!({"n": 1}))),
+        other => panic!("expected the event, got {other:?}"),
+    }
+    assert!(matches!(s.next(BOUND), Read1::End(true)));
+    server.join().unwrap();
 }
