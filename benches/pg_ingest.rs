@@ -7,7 +7,8 @@
 //! (VmHWM) is its own:
 //! - `floor-copy`, `floor-unnest`: facts of `benches/common/workload.rs`, encoded and
 //!   hashed before the clock starts, written in batches with what a correct loader of the
-//!   schema (`schema/postgres/001_initial.sql`) must do: per batch, one lookup of the
+//!   schema ours writes (every migration of `schema/postgres/`, made by opening a store)
+//!   must do: per batch, one lookup of the
 //!   predecessors outside the batch (`hash = ANY`), the fact rows and the edge rows
 //!   (`COPY ... BINARY`, or `INSERT ... SELECT FROM unnest(...)`), one commit. The faster
 //!   is the floor.
@@ -134,14 +135,16 @@ struct Rows {
     bytes: Vec<Vec<u8>>,
     /// Edges: predecessor, role, successor type, successor, predecessor type.
     edges: [Vec<i64>; 5],
+    /// Each edge's successor hash (schema version 5).
+    edge_hash: Vec<Vec<u8>>,
 }
 
 impl Floor {
     fn open(url: &str) -> Floor {
-        let mut client = Client::connect(url, NoTls).expect("connect");
-        client
-            .batch_execute(include_str!("../schema/postgres/001_initial.sql"))
-            .expect("schema");
+        // The schema at the version ours writes (every migration of schema/postgres/),
+        // made by opening a store once: the same tables, indexes and constraints.
+        drop(Store::open_with(url, options()).expect("schema"));
+        let client = Client::connect(url, NoTls).expect("connect");
         Floor {
             client,
             names: Default::default(),
@@ -216,6 +219,7 @@ impl Floor {
                 {
                     col.push(v);
                 }
+                rows.edge_hash.push(fact.hash().0.to_vec());
             }
             known.insert(fact.hash(), (seq, type_id));
             rows.seq.push(seq);
@@ -248,15 +252,30 @@ fn copy(tx: &mut postgres::Transaction<'_>, rows: &Rows) {
     w.finish().expect("copy fact end");
     let sink = tx
         .copy_in(
-            "COPY edge (predecessor, role_id, successor_type, successor, predecessor_type) \
-             FROM STDIN BINARY",
+            "COPY edge (predecessor, role_id, successor_type, successor, predecessor_type, \
+             successor_hash) FROM STDIN BINARY",
         )
         .expect("copy edge");
-    let mut w = BinaryCopyInWriter::new(sink, &[Type::INT8; 5]);
+    let types = [
+        Type::INT8,
+        Type::INT8,
+        Type::INT8,
+        Type::INT8,
+        Type::INT8,
+        Type::BYTEA,
+    ];
+    let mut w = BinaryCopyInWriter::new(sink, &types);
     for i in 0..rows.edges[0].len() {
         let e = &rows.edges;
-        w.write(&[&e[0][i], &e[1][i], &e[2][i], &e[3][i], &e[4][i]])
-            .expect("copy edge row");
+        w.write(&[
+            &e[0][i],
+            &e[1][i],
+            &e[2][i],
+            &e[3][i],
+            &e[4][i],
+            &rows.edge_hash[i],
+        ])
+        .expect("copy edge row");
     }
     w.finish().expect("copy edge end");
 }
@@ -269,10 +288,11 @@ fn unnest(tx: &mut postgres::Transaction<'_>, rows: &Rows) {
     )
     .expect("insert facts");
     let e = &rows.edges;
-    let args: Vec<&(dyn ToSql + Sync)> = e.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+    let mut args: Vec<&(dyn ToSql + Sync)> = e.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+    args.push(&rows.edge_hash);
     tx.execute(
-        "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
-         SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[])",
+        "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
+         SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bytea[])",
         &args,
     )
     .expect("insert edges");

@@ -902,7 +902,10 @@ fn the_event_reader_resumes_after_timeouts_anywhere_in_the_framing() {
             other => break other,
         }
     };
-    assert!(timeouts >= 3, "the reads should have timed out between pieces: {timeouts}");
+    assert!(
+        timeouts >= 3,
+        "the reads should have timed out between pieces: {timeouts}"
+    );
     match got {
         Read1::Event(k, v) => assert_eq!((k.as_str(), v), ("added", json!({"n": 1}))),
         other => panic!("expected the event, got {other:?}"),
