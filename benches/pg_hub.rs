@@ -393,8 +393,8 @@ fn floor_worker(c: &mut Client, done: &AtomicU64) {
         .unwrap();
     let edges = c
         .prepare(
-            "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type)
-             SELECT p, $2, $3, s, $4 FROM unnest($1::bigint[], $5::bigint[]) AS u(p, s)",
+            "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
+             SELECT p, $2, $3, s, $4, h FROM unnest($1::bigint[], $5::bigint[], $6::bytea[]) AS u(p, s, h)",
         )
         .unwrap();
     let delete = c
@@ -449,8 +449,11 @@ fn floor_worker(c: &mut Client, done: &AtomicU64) {
         tx.execute(&facts, &[&seqs, &hashes, &types, &bytes])
             .unwrap();
         let inputs: Vec<i64> = claimed.iter().map(|(s, _)| *s).collect();
-        tx.execute(&edges, &[&inputs, &r_order, &t_shipped, &t_order, &seqs])
-            .unwrap();
+        tx.execute(
+            &edges,
+            &[&inputs, &r_order, &t_shipped, &t_order, &seqs, &hashes],
+        )
+        .unwrap();
         tx.execute(&delete, &[&inputs]).unwrap();
         tx.execute(
             "UPDATE counter SET value = $1 WHERE name = 'seq'",
