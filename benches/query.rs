@@ -38,6 +38,17 @@ use shop_facts::{order, shipment, shop, store_shop_orders};
 /// bench measures what it costs reads.
 const LIMIT_MIB: u64 = 16;
 
+/// Ours, "pending orders of one store": how many results.
+fn one_store(store: &Store, one: &Query, shop: &FactHash) -> usize {
+    let g = Givens::from([("s".to_string(), *shop)]);
+    store.query(one, &g).unwrap().len()
+}
+
+/// Ours, "all pending orders": how many results.
+fn every_store(store: &Store, all: &Query) -> usize {
+    store.query(all, &Givens::new()).unwrap().len()
+}
+
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -151,10 +162,7 @@ fn main() {
     // Pending orders of one store, on 200 random shops, each side warmed first.
     let mut rng = fastrand::Rng::with_seed(7);
     let picks: Vec<FactHash> = (0..200).map(|_| shops[rng.usize(0..shops.len())]).collect();
-    let run_ours = |h: &FactHash| {
-        let g = Givens::from([("s".to_string(), *h)]);
-        store.query(&one, &g).unwrap().len()
-    };
+    let run_ours = |h: &FactHash| one_store(&store, &one, h);
     let run_floor = |h: &FactHash| {
         let mut stmt = floor.prepare_cached(FLOOR_ONE).unwrap();
         let rows = stmt
@@ -215,7 +223,7 @@ fn main() {
     let (ours_p99, floor_p99) = (percentile(ours_t, 0.99), percentile(floor_t, 0.99));
 
     // All pending orders: 3 runs each after a warm-up, median.
-    let all_ours = || store.query(&all, &Givens::new()).unwrap().len();
+    let all_ours = || every_store(&store, &all);
     let all_floor = || {
         let mut stmt = floor.prepare_cached(FLOOR_ALL).unwrap();
         let rows = stmt
@@ -251,10 +259,7 @@ fn main() {
     // SQLite reuses cached pages past the limit and reads them again from the file.
     precedent::store::set_sqlite_memory_limit(LIMIT_MIB << 20);
     let store = Store::open(&path).unwrap();
-    let run_ours = |h: &FactHash| {
-        let g = Givens::from([("s".to_string(), *h)]);
-        store.query(&one, &g).unwrap().len()
-    };
+    let run_ours = |h: &FactHash| one_store(&store, &one, h);
     for h in &picks {
         run_ours(h);
     }
@@ -267,7 +272,7 @@ fn main() {
         })
         .collect();
     let limited_med = percentile(limited_t, 0.5);
-    let limited_all_ms = time3(&|| store.query(&all, &Givens::new()).unwrap().len());
+    let limited_all_ms = time3(&|| every_store(&store, &all));
     let limited_sqlite_mib = precedent::store::sqlite_memory_used() as f64 / (1 << 20) as f64;
     drop(store);
     precedent::store::set_sqlite_memory_limit(0);
