@@ -41,7 +41,7 @@
 //! 300 MB.
 //!
 //! Settings: `PRECEDENT_BENCH_PEER_N` (10,000), `PRECEDENT_BENCH_PEER_RUNS` (3),
-//! `PRECEDENT_BENCH_OUT` (`target/bench-peer-jinaga.json`). See `docs/performance.md`,
+//! `PRECEDENT_BENCH_PEER_FLOORS` (`0` skips the floors), `PRECEDENT_BENCH_OUT` (`target/bench-peer-jinaga.json`). See `docs/performance.md`,
 //! "Against Jinaga's server on PostgreSQL".
 
 use std::process::{Child, Command, Stdio};
@@ -431,6 +431,9 @@ fn least_floor(n: usize) -> Json {
 }
 
 fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let m = s.len() / 2;
@@ -486,7 +489,14 @@ fn main() {
     let ours_runs: Vec<Json> = (0..runs).map(|_| ours(n)).collect();
     // The floors, in the same run: a plain client's COPY and our statement, and the
     // pending query's statement alone; the fact table alone; the least floor.
-    let floors: Vec<Json> = (0..runs)
+    // `PRECEDENT_BENCH_PEER_FLOORS=0` leaves them out (a quicker run while changing ours;
+    // their figures then print as NaN).
+    let floor_runs = if env_num("PRECEDENT_BENCH_PEER_FLOORS") == Some(0) {
+        0
+    } else {
+        runs
+    };
+    let floors: Vec<Json> = (0..floor_runs)
         .flat_map(|_| {
             [
                 floor(n, "copy"),
@@ -512,14 +522,14 @@ fn main() {
     });
     println!(
         "floor (a plain client, same rows, a transaction per {CHUNK} facts): COPY {:.0} facts/s, our INSERT statement {:.0} facts/s, COPY of the fact table alone {:.0} facts/s; the pending statement alone {:.1} ms",
-        floor_median["copy"].as_f64().unwrap(),
-        floor_median["insert"].as_f64().unwrap(),
-        floor_median["fact"].as_f64().unwrap(),
-        floor_median["readHashMs"].as_f64().unwrap()
+        floor_median["copy"].as_f64().unwrap_or(f64::NAN),
+        floor_median["insert"].as_f64().unwrap_or(f64::NAN),
+        floor_median["fact"].as_f64().unwrap_or(f64::NAN),
+        floor_median["readHashMs"].as_f64().unwrap_or(f64::NAN)
     );
     println!(
         "least floor (one table, hash primary key and bytes, COPY, a transaction per {CHUNK} facts): {:.0} facts/s",
-        floor_median["least"].as_f64().unwrap()
+        floor_median["least"].as_f64().unwrap_or(f64::NAN)
     );
     let m = |k: &str| {
         median(
@@ -573,7 +583,8 @@ fn main() {
                 verdict(ingest, INGEST_TARGET),
                 verdict(hashes, QUERY_TARGET)
             );
-            let of_peer = |how: &str| floor_median[how].as_f64().unwrap() / f("saveFactsPerSec");
+            let of_peer =
+                |how: &str| floor_median[how].as_f64().unwrap_or(f64::NAN) / f("saveFactsPerSec");
             println!(
                 "floors / peer (save): COPY {:.1}x, our INSERT statement {:.1}x, fact table alone {:.1}x, least floor {:.1}x",
                 of_peer("copy"),

@@ -62,6 +62,8 @@ pub use model::{
 /// `#[derive(FactType)]`, from the `precedent-derive` crate (see [`typed`]).
 pub use precedent_derive::FactType;
 pub use run::{Givens, Projected, QueryRow};
+#[cfg(feature = "server")]
+pub(crate) use stream::check_given_types;
 pub use stream::{DEFAULT_PAGE, QueryIter};
 pub use typed::{Arity, FactType, Ref};
 pub use value::Op;

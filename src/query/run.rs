@@ -117,8 +117,39 @@ pub(crate) struct Bound {
 }
 
 /// The facts bound to the labels of one result row (the label names shared with the
-/// plan that read it).
-pub(crate) type Env = HashMap<Arc<str>, Bound>;
+/// plan that read it), in the plan's order: a row has a few labels, so a look-up walks
+/// them, which costs less than hashing the name (one `Env` is built per result).
+#[derive(Default)]
+pub(crate) struct Env(Vec<(Arc<str>, Bound)>);
+
+impl Env {
+    fn with_capacity(n: usize) -> Env {
+        Env(Vec::with_capacity(n))
+    }
+
+    fn insert(&mut self, label: Arc<str>, bound: Bound) {
+        match self.0.iter_mut().find(|(l, _)| *l == label) {
+            Some(slot) => slot.1 = bound,
+            None => self.0.push((label, bound)),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Bound)> {
+        self.0.iter().map(|(l, b)| (l, b))
+    }
+}
+
+impl std::ops::Index<&str> for Env {
+    type Output = Bound;
+
+    fn index(&self, label: &str) -> &Bound {
+        self.0
+            .iter()
+            .find(|(l, _)| &**l == label)
+            .map(|(_, b)| b)
+            .unwrap_or_else(|| panic!("label {label} is bound in every row of its plan"))
+    }
+}
 
 /// One result row as read, in its plan's label order: each label's sequence number, hash
 /// and, for a label the projection reads, the fact's bytes, not yet decoded.
@@ -232,20 +263,31 @@ impl Reader<'_> {
     ) -> Result<()> {
         let plan = top_plan(self.dialect(), query, givens, None)?;
         let decode = decode_top(query);
-        self.each_row(&plan, &self.bind(&plan.params)?, &decode, &mut |env| {
-            f(self.row(query, &env)?)
-        })
+        let streamed = !reads_collection(&query.select);
+        self.each_row(
+            &plan,
+            &self.bind(&plan.params)?,
+            &decode,
+            streamed,
+            &mut |env| f(self.row(query, &env)?),
+        )
     }
 
-    /// Runs a compiled read-only statement, calling `f` for each row.
+    /// Runs a compiled read-only statement, calling `f` for each row; `streamed`: as
+    /// each row arrives, when `f` runs no statement of its own ([`Sql::query_streamed`]).
     pub(crate) fn run_query(
         &self,
         sql: &str,
         params: &[Sql],
+        streamed: bool,
         mut f: impl FnMut(&Row<'_>) -> Result<()>,
     ) -> Result<()> {
         let args: Vec<Arg<'_>> = params.iter().map(Arg::from).collect();
-        self.0.query(sql, &args, &mut f)
+        if streamed {
+            self.0.query_streamed(sql, &args, &mut f)
+        } else {
+            self.0.query(sql, &args, &mut f)
+        }
     }
 
     /// The plan the database chooses for a compiled statement, one line per step.
@@ -285,6 +327,10 @@ impl Reader<'_> {
             .map(|p| {
                 Ok(match p {
                     Param::Hash(h) => Sql::Blob(h.0.to_vec()),
+                    Param::GivenSeq(h, t) => match self.name_id(false, t)? {
+                        Some(ty) => self.0.seq_of_type(h, ty)?.map_or(Sql::Null, Sql::Int),
+                        None => Sql::Null,
+                    },
                     Param::Type(t) => self.name_id(false, t)?.map_or(Sql::Null, Sql::Int),
                     Param::Role(r) => self.name_id(true, r)?.map_or(Sql::Null, Sql::Int),
                     Param::Int(i) => Sql::Int(*i),
@@ -314,15 +360,17 @@ impl Reader<'_> {
             .collect()
     }
 
-    /// Runs a plan, calling `f` with each row as it is read (see [`Reader::rows`]).
+    /// Runs a plan, calling `f` with each row as it is read (see [`Reader::rows`]);
+    /// `streamed` as in [`Reader::run_query`].
     pub(crate) fn each_row(
         &self,
         plan: &Plan,
         params: &[Sql],
         decode: &HashSet<String>,
+        streamed: bool,
         f: &mut dyn FnMut(Env) -> Result<()>,
     ) -> Result<()> {
-        self.each_raw(plan, params, decode, &mut |raw| f(raw.env(plan)?))
+        self.each_raw(plan, params, decode, streamed, &mut |raw| f(raw.env(plan)?))
     }
 
     /// As [`Reader::rows_bound`], each row as read, its bytes not yet decoded: the work
@@ -334,7 +382,7 @@ impl Reader<'_> {
         decode: &HashSet<String>,
     ) -> Result<Vec<RawRow>> {
         let mut out = Vec::new();
-        self.each_raw(plan, params, decode, &mut |raw| {
+        self.each_raw(plan, params, decode, true, &mut |raw| {
             out.push(raw);
             Ok(())
         })?;
@@ -346,11 +394,12 @@ impl Reader<'_> {
         plan: &Plan,
         params: &[Sql],
         decode: &HashSet<String>,
+        streamed: bool,
         f: &mut dyn FnMut(RawRow) -> Result<()>,
     ) -> Result<()> {
         // Which labels' bytes are read, looked up once for the statement, not per row.
         let wanted: Vec<bool> = plan.labels.iter().map(|l| decode.contains(&**l)).collect();
-        self.run_query(&plan.sql, params, |r| {
+        self.run_query(&plan.sql, params, streamed, |r| {
             let mut row = Vec::with_capacity(plan.labels.len());
             for (i, &want) in wanted.iter().enumerate() {
                 let seq: i64 = r.get(i * 3)?;

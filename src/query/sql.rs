@@ -33,6 +33,10 @@ use crate::store::Dialect;
 #[derive(Clone, Debug)]
 pub(crate) enum Param {
     Hash(FactHash),
+    /// The release sequence number of the fact with this hash if it is released and of
+    /// this type, else NULL (which matches nothing): a given bound by its seq, looked up
+    /// when the statement is bound (PostgreSQL, see [`Compiler::block`]).
+    GivenSeq(FactHash, String),
     Type(String),
     Role(String),
     Int(i64),
@@ -295,12 +299,35 @@ impl Compiler {
         // How selective each known fact is: 0 pinned to new facts, 1 a given or outside
         // this block, 2 reached from a fact read by type.
         let mut rank: HashMap<String, u8> = scope.keys().map(|l| (l.clone(), 1)).collect();
+        let reaches = nodes.iter().any(|n| matches!(n.bind, Bind::Free));
         for n in nodes {
             let f = self.alias("f");
             if let Bind::Free = n.bind {
                 // Its type is bound where it is reached: a parameter here would be unused,
                 // which PostgreSQL refuses (it cannot tell its type).
                 pending.push(n);
+                continue;
+            }
+            if let Bind::Given(h) = n.bind
+                && self.dialect == Dialect::Postgres
+                && reaches
+                && (!self.rows.contains(&n.label) || self.hash_only.contains(&n.label))
+            {
+                // A given whose row nothing reads but its hash: bound by its seq, looked
+                // up with its type when the statement is bound, and joined to no `fact`
+                // row. The edges reached from it then have a constant first key, so
+                // PostgreSQL reads them in index order and sorts no results by it.
+                rank.insert(n.label.clone(), 1);
+                let seq = self.param(Param::GivenSeq(h, n.type_name.clone()));
+                let hash = self.param(Param::Hash(h));
+                scope.insert(
+                    n.label.clone(),
+                    Known {
+                        seq: format!("{seq}::bigint"),
+                        fact: None,
+                        hash: Some(format!("{hash}::bytea")),
+                    },
+                );
                 continue;
             }
             let ty = self.param(Param::Type(n.type_name.clone()));
@@ -783,7 +810,7 @@ pub(crate) fn pg_sort_key(p: &Param) -> Vec<u8> {
         Param::Text(t) => [&[2u8][..], t.as_bytes()].concat(),
         Param::Blob(b) => [&[3u8][..], b].concat(),
         Param::Hash(h) => [&[3u8][..], &h.0[..]].concat(),
-        Param::Type(_) | Param::Role(_) => Vec::new(),
+        Param::Type(_) | Param::Role(_) | Param::GivenSeq(..) => Vec::new(),
     }
 }
 

@@ -17,8 +17,10 @@
 use std::collections::{HashSet, VecDeque};
 
 use super::model::Query;
-use super::run::{Givens, QueryRow, Reader, decode_top, top_plan, top_plan_after_key};
-use crate::error::Result;
+use super::run::{
+    Givens, QueryRow, Reader, decode_top, reads_collection, top_plan, top_plan_after_key,
+};
+use crate::error::{Error, Result};
 use crate::predicate::SortKey;
 use crate::store::{ReadTx, Store};
 
@@ -98,9 +100,26 @@ impl Store {
         givens: &Givens,
         after: Option<(&[SortKey], &[i64])>,
         limit: Option<u64>,
+        f: impl FnMut(QueryRow) -> Result<()>,
+    ) -> Result<()> {
+        self.query_each_after_in(query, givens, false, after, limit, f)
+    }
+
+    /// As [`Store::query_each_after`]; with `typed`, first [`check_given_types`] in the
+    /// same read transaction.
+    pub(crate) fn query_each_after_in(
+        &self,
+        query: &Query,
+        givens: &Givens,
+        typed: bool,
+        after: Option<(&[SortKey], &[i64])>,
+        limit: Option<u64>,
         mut f: impl FnMut(QueryRow) -> Result<()>,
     ) -> Result<()> {
         self.read(|tx| {
+            if typed {
+                check_given_types(tx, query, givens)?;
+            }
             let plan = match after {
                 None => {
                     let q = Query {
@@ -119,9 +138,14 @@ impl Store {
             };
             let r = Reader(tx);
             let decode = decode_top(query);
-            r.each_row(&plan, &r.bind(&plan.params)?, &decode, &mut |env| {
-                f(r.row(query, &env)?)
-            })
+            let streamed = !reads_collection(&query.select);
+            r.each_row(
+                &plan,
+                &r.bind(&plan.params)?,
+                &decode,
+                streamed,
+                &mut |env| f(r.row(query, &env)?),
+            )
         })
     }
 
@@ -164,8 +188,24 @@ impl Store {
         givens: &Givens,
         page: usize,
     ) -> Result<QueryIter<'_>> {
+        self.query_pages_in(query, givens, false, page)
+    }
+
+    /// As [`Store::query_pages`]; with `typed`, first [`check_given_types`] in the
+    /// iterator's read transaction.
+    pub(crate) fn query_pages_in(
+        &self,
+        query: &Query,
+        givens: &Givens,
+        typed: bool,
+        page: usize,
+    ) -> Result<QueryIter<'_>> {
+        let tx = self.begin_read()?;
+        if typed {
+            check_given_types(&*tx, query, givens)?;
+        }
         let mut it = QueryIter {
-            tx: self.begin_read()?,
+            tx,
             query: query.clone(),
             givens: givens.clone(),
             decode: decode_top(query),
@@ -178,6 +218,30 @@ impl Store {
         it.read_page()?;
         Ok(it)
     }
+}
+
+/// A given bound to a released fact of another type than the query declares is a
+/// mistake, not a query with no results: [`Error::WrongType`] (a given not released
+/// passes; the query then finds nothing).
+///
+/// # Errors
+/// [`Error::WrongType`]; store errors.
+pub(crate) fn check_given_types(tx: &dyn ReadTx, query: &Query, givens: &Givens) -> Result<()> {
+    for g in &query.givens {
+        let Some(hash) = givens.get(&g.label.name) else {
+            continue;
+        };
+        if let Some(f) = tx.get(hash)?
+            && f.type_name() != g.type_name
+        {
+            return Err(Error::WrongType {
+                hash: *hash,
+                expected: g.type_name.clone(),
+                found: f.type_name().to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The results of a query, read a page at a time in one read transaction
@@ -238,12 +302,19 @@ impl QueryIter<'_> {
         };
         let r = Reader(&*self.tx);
         let mut got = 0;
-        r.each_row(&plan, &r.bind(&plan.params)?, &self.decode, &mut |env| {
-            let row = r.row(&self.query, &env)?;
-            got += 1;
-            self.read.push_back(row);
-            Ok(())
-        })?;
+        let streamed = !reads_collection(&self.query.select);
+        r.each_row(
+            &plan,
+            &r.bind(&plan.params)?,
+            &self.decode,
+            streamed,
+            &mut |env| {
+                let row = r.row(&self.query, &env)?;
+                got += 1;
+                self.read.push_back(row);
+                Ok(())
+            },
+        )?;
         if let Some(row) = self.read.back() {
             self.last = Some((row.order.clone(), row.key.clone()));
         }

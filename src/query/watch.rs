@@ -393,7 +393,7 @@ impl Watch {
                 Finds::Members => &mut keys,
                 Finds::Children => &mut children,
             };
-            store.run_query(&plan.sql, &params, |r| {
+            store.run_query(&plan.sql, &params, true, |r| {
                 let key = (0..plan.labels.len())
                     .map(|i| r.get(i * 3))
                     .collect::<Result<Vec<i64>>>()?;

@@ -364,6 +364,22 @@ pub trait Sql {
     /// # Errors
     /// [`Error::Backend`].
     fn batch(&self, sql: &str) -> Result<()>;
+
+    /// As [`Sql::query`], handing each row to `f` as it arrives, so that the caller's
+    /// work on one row overlaps the database's on the next. `f` must run no statement
+    /// of its own on this transaction: on PostgreSQL that is an error. By default the
+    /// same as [`Sql::query`].
+    ///
+    /// # Errors
+    /// As [`Sql::query`].
+    fn query_streamed(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        f: &mut dyn FnMut(&Row<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.query(sql, args, f)
+    }
 }
 
 /// Conveniences over [`Sql`], for every implementation.
@@ -469,6 +485,13 @@ pub trait ReadTx: Sql {
     /// # Errors
     /// [`Error::Backend`].
     fn seq_of(&self, hash: &FactHash) -> Result<Option<i64>>;
+
+    /// The release sequence number of a fact if it is released and its type id is
+    /// `type_id`.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    fn seq_of_type(&self, hash: &FactHash, type_id: i64) -> Result<Option<i64>>;
 
     /// Resolves a prefix against released and held facts.
     ///

@@ -247,6 +247,15 @@ macro_rules! forward_to_tx {
             ) -> $crate::Result<()> {
                 $crate::store::Sql::query(&self.tx, sql, args, f)
             }
+
+            fn query_streamed(
+                &self,
+                sql: &str,
+                args: &[$crate::store::Arg<'_>],
+                f: &mut dyn FnMut(&$crate::store::Row<'_>) -> $crate::Result<()>,
+            ) -> $crate::Result<()> {
+                $crate::store::Sql::query_streamed(&self.tx, sql, args, f)
+            }
             fn batch(&self, sql: &str) -> $crate::Result<()> {
                 $crate::store::Sql::batch(&self.tx, sql)
             }
@@ -258,6 +267,7 @@ macro_rules! forward_to_tx {
             lookup(hash: &$crate::FactHash) -> Option<$crate::store::StoredFact>;
             fact_at(seq: i64) -> Option<$crate::Fact>;
             seq_of(hash: &$crate::FactHash) -> Option<i64>;
+            seq_of_type(hash: &$crate::FactHash, type_id: i64) -> Option<i64>;
             resolve_prefix(prefix: &$crate::HashPrefix) -> $crate::FactHash;
             name_id(role: bool, name: &str) -> Option<i64>;
             names(role: bool) -> Vec<String>;
@@ -275,7 +285,6 @@ macro_rules! forward_to_tx {
             ) -> ();
             released_types(after: i64) -> Vec<(i64, i64)>;
             plan(sql: &str, args: &[$crate::store::Arg<'_>]) -> Vec<String>;
-            last_seq() -> i64;
             stats() -> $crate::store::Stats;
             verify(progress: &mut dyn FnMut(u64)) -> $crate::store::VerifyReport;
         }

@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, Statement};
 
@@ -385,5 +386,30 @@ impl Sql for Tx<'_> {
 
     fn batch(&self, sql: &str) -> Result<()> {
         self.simple(sql)
+    }
+
+    fn query_streamed(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        f: &mut dyn FnMut(&Row<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let (text, args) = used_args(sql, args);
+        // The first error `f` returns; the rows after it are not read (the driver
+        // discards them).
+        let mut failed = None;
+        with_args(&args, |p| {
+            self.run(&text, Some(&args), p, |c, s, p| {
+                let mut rows = c.query_raw(s, p.iter().copied())?;
+                while let Some(row) = rows.next()? {
+                    if let Err(e) = f(&Row::new(&PgRow(&row))) {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+                Ok(())
+            })
+        })?;
+        failed.map_or(Ok(()), Err)
     }
 }

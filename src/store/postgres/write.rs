@@ -63,6 +63,15 @@ impl ReadTx for PgWrite<'_> {
             None => self.tx.held_count(),
         }
     }
+
+    /// Under the write lock the counter read with it, plus what this transaction
+    /// released, is the highest seq: no round trip.
+    fn last_seq(&self) -> Result<i64> {
+        match self.locked {
+            Some(l) => Ok(l.seq),
+            None => self.tx.last_seq(),
+        }
+    }
 }
 
 impl WriteTx for PgWrite<'_> {

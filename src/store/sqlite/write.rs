@@ -77,6 +77,10 @@ impl ReadTx for SqliteWrite<'_> {
             None => self.tx.held_count(),
         }
     }
+
+    fn last_seq(&self) -> Result<i64> {
+        self.tx.last_seq()
+    }
 }
 
 impl WriteTx for SqliteWrite<'_> {

@@ -30,7 +30,7 @@ use bytes::Bytes;
 use tokio::sync::{Notify, watch};
 
 use super::app::Failure;
-use super::json_query::{check_given_types, failure};
+use super::json_query::failure;
 use super::sse::WATCH_BUFFER;
 use crate::query::{Change, Givens, Query, QueryRow, Watch};
 use crate::store::Store;
@@ -308,7 +308,10 @@ impl Watches {
             }
         }
         // A new shared watch: the first client's snapshot is read as the watch starts.
-        check_given_types(&setup.store, query, givens).map_err(failure)?;
+        setup
+            .store
+            .read(|tx| crate::query::check_given_types(tx, query, givens))
+            .map_err(failure)?;
         let mut b = Builder::default();
         let mut watch = setup
             .store
