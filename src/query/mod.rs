@@ -61,6 +61,8 @@ pub use model::{
 };
 /// `#[derive(FactType)]`, from the `precedent-derive` crate (see [`typed`]).
 pub use precedent_derive::FactType;
+#[cfg(feature = "server")]
+pub(crate) use run::reads_collection;
 pub use run::{Givens, Projected, QueryRow};
 #[cfg(feature = "server")]
 pub(crate) use stream::check_given_types;

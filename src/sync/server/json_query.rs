@@ -2,10 +2,11 @@
 //! time (`docs/protocol.md`, "POST /v1/query").
 //!
 //! The query runs on a blocking thread, as one statement for a page
-//! ([`Store::query_each_after`]) or as pages of [`STREAM_PAGE`] results in one snapshot
-//! for an answer of every result ([`Store::query_pages`]), and writes its answer into
-//! 64 KiB chunks sent through a channel of 8, as a pull does: memory stays bounded by
-//! the page, whatever the number of results. The status is decided by
+//! ([`Store::query_each_after`]) or for an answer of every result whose rows are
+//! handed over as they arrive (no child collections), else as pages of [`STREAM_PAGE`]
+//! results in one snapshot ([`Store::query_pages`]), and writes its answer into 64 KiB
+//! chunks sent through a channel of 8, as a pull does: memory stays bounded by the
+//! chunks or the page, whatever the number of results. The status is decided by
 //! the first chunk: an error before it (a given of the wrong type, the statement
 //! failing) is an error answer; one after it cuts the body short, which a client tells
 //! by a body that is not a complete JSON object.
@@ -29,7 +30,7 @@ use super::json_api::full_hash;
 use super::routes::{bad_request, read_body, require_content_type};
 use crate::error::Error;
 use crate::predicate::{Number, SortKey};
-use crate::query::{Givens, Query, QueryRow};
+use crate::query::{Givens, Query, QueryRow, reads_collection};
 use crate::store::Store;
 use crate::sync::wire::{self, QueryRequest};
 
@@ -232,8 +233,14 @@ fn run(store: &Store, page: &Page, out: &mut Answer) -> crate::Result<()> {
         Ok(())
     };
     match (&page.after, page.size) {
-        // Every result in one answer: pages of one snapshot, so that the rows held at
-        // once stay bounded on a backend that reads a statement's rows whole.
+        // Every result in one answer, from one statement whose rows are written as they
+        // are read (`Sql::query_streamed`): the chunks bound the memory, and the answer
+        // is written while the statement runs.
+        (None, None) if !reads_collection(&page.query.select) => {
+            store.query_each_after_in(&page.query, &page.givens, true, None, want, each)?;
+        }
+        // A projection with child collections reads each statement's rows whole: pages
+        // of one snapshot keep the rows held at once bounded.
         (None, None) => {
             for row in store.query_pages_in(&page.query, &page.givens, true, STREAM_PAGE)? {
                 each(row?)?;
