@@ -404,6 +404,12 @@ conformance! {
         let wrong = json!({"query": text, "givens": {"s": order(&s, "id", 1).hash().to_string()}});
         let (status, _, v) = query(&server, &wrong, None);
         assert_eq!(status, 400, "{v}");
+        assert!(v["message"].as_str().unwrap_or_default().contains("Shop"), "{v}");
+        // And so in a page (checked when the statement finds nothing).
+        let mut paged = wrong.clone();
+        paged["page_size"] = json!(1);
+        let (status, _, v) = query(&server, &paged, None);
+        assert_eq!(status, 400, "{v}");
     }
 }
 

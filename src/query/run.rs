@@ -327,10 +327,6 @@ impl Reader<'_> {
             .map(|p| {
                 Ok(match p {
                     Param::Hash(h) => Sql::Blob(h.0.to_vec()),
-                    Param::GivenSeq(h, t) => match self.name_id(false, t)? {
-                        Some(ty) => self.0.seq_of_type(h, ty)?.map_or(Sql::Null, Sql::Int),
-                        None => Sql::Null,
-                    },
                     Param::Type(t) => self.name_id(false, t)?.map_or(Sql::Null, Sql::Int),
                     Param::Role(r) => self.name_id(true, r)?.map_or(Sql::Null, Sql::Int),
                     Param::Int(i) => Sql::Int(*i),

@@ -33,10 +33,6 @@ use crate::store::Dialect;
 #[derive(Clone, Debug)]
 pub(crate) enum Param {
     Hash(FactHash),
-    /// The release sequence number of the fact with this hash if it is released and of
-    /// this type, else NULL (which matches nothing): a given bound by its seq, looked up
-    /// when the statement is bound (PostgreSQL, see [`Compiler::block`]).
-    GivenSeq(FactHash, String),
     Type(String),
     Role(String),
     Int(i64),
@@ -313,17 +309,21 @@ impl Compiler {
                 && reaches
                 && (!self.rows.contains(&n.label) || self.hash_only.contains(&n.label))
             {
-                // A given whose row nothing reads but its hash: bound by its seq, looked
-                // up with its type when the statement is bound, and joined to no `fact`
-                // row. The edges reached from it then have a constant first key, so
-                // PostgreSQL reads them in index order and sorts no results by it.
+                // A given whose row nothing reads but its hash: its seq is a scalar
+                // subquery (by hash and type: NULL, matching nothing, for a fact not
+                // released or of another type, as the join did), which PostgreSQL runs
+                // once, before the rest, and treats as a constant. The edges reached from
+                // it then have a constant first key, so PostgreSQL reads them in index
+                // order and sorts no results by it; no `fact` row is joined.
                 rank.insert(n.label.clone(), 1);
-                let seq = self.param(Param::GivenSeq(h, n.type_name.clone()));
+                let ty = self.param(Param::Type(n.type_name.clone()));
                 let hash = self.param(Param::Hash(h));
                 scope.insert(
                     n.label.clone(),
                     Known {
-                        seq: format!("{seq}::bigint"),
+                        seq: format!(
+                            "(SELECT seq FROM fact WHERE hash = {hash} AND type_id = {ty})"
+                        ),
                         fact: None,
                         hash: Some(format!("{hash}::bytea")),
                     },
@@ -810,7 +810,7 @@ pub(crate) fn pg_sort_key(p: &Param) -> Vec<u8> {
         Param::Text(t) => [&[2u8][..], t.as_bytes()].concat(),
         Param::Blob(b) => [&[3u8][..], b].concat(),
         Param::Hash(h) => [&[3u8][..], &h.0[..]].concat(),
-        Param::Type(_) | Param::Role(_) | Param::GivenSeq(..) => Vec::new(),
+        Param::Type(_) | Param::Role(_) => Vec::new(),
     }
 }
 

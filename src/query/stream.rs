@@ -105,8 +105,9 @@ impl Store {
         self.query_each_after_in(query, givens, false, after, limit, f)
     }
 
-    /// As [`Store::query_each_after`]; with `typed`, first [`check_given_types`] in the
-    /// same read transaction.
+    /// As [`Store::query_each_after`]; with `typed`, [`check_given_types`] in the same
+    /// read transaction when the statement found nothing (a given of another type
+    /// finds nothing, so a result proves the types right).
     pub(crate) fn query_each_after_in(
         &self,
         query: &Query,
@@ -117,9 +118,6 @@ impl Store {
         mut f: impl FnMut(QueryRow) -> Result<()>,
     ) -> Result<()> {
         self.read(|tx| {
-            if typed {
-                check_given_types(tx, query, givens)?;
-            }
             let plan = match after {
                 None => {
                     let q = Query {
@@ -139,13 +137,21 @@ impl Store {
             let r = Reader(tx);
             let decode = decode_top(query);
             let streamed = !reads_collection(&query.select);
+            let mut found = false;
             r.each_row(
                 &plan,
                 &r.bind(&plan.params)?,
                 &decode,
                 streamed,
-                &mut |env| f(r.row(query, &env)?),
-            )
+                &mut |env| {
+                    found = true;
+                    f(r.row(query, &env)?)
+                },
+            )?;
+            if typed && !found {
+                check_given_types(tx, query, givens)?;
+            }
+            Ok(())
         })
     }
 
@@ -191,8 +197,9 @@ impl Store {
         self.query_pages_in(query, givens, false, page)
     }
 
-    /// As [`Store::query_pages`]; with `typed`, first [`check_given_types`] in the
-    /// iterator's read transaction.
+    /// As [`Store::query_pages`]; with `typed`, [`check_given_types`] in the iterator's
+    /// read transaction when the first page is empty (see
+    /// [`Store::query_each_after_in`]).
     pub(crate) fn query_pages_in(
         &self,
         query: &Query,
@@ -200,12 +207,8 @@ impl Store {
         typed: bool,
         page: usize,
     ) -> Result<QueryIter<'_>> {
-        let tx = self.begin_read()?;
-        if typed {
-            check_given_types(&*tx, query, givens)?;
-        }
         let mut it = QueryIter {
-            tx,
+            tx: self.begin_read()?,
             query: query.clone(),
             givens: givens.clone(),
             decode: decode_top(query),
@@ -216,6 +219,9 @@ impl Store {
             done: false,
         };
         it.read_page()?;
+        if typed && it.read.is_empty() {
+            check_given_types(&*it.tx, query, givens)?;
+        }
         Ok(it)
     }
 }

@@ -486,13 +486,6 @@ pub trait ReadTx: Sql {
     /// [`Error::Backend`].
     fn seq_of(&self, hash: &FactHash) -> Result<Option<i64>>;
 
-    /// The release sequence number of a fact if it is released and its type id is
-    /// `type_id`.
-    ///
-    /// # Errors
-    /// [`Error::Backend`].
-    fn seq_of_type(&self, hash: &FactHash, type_id: i64) -> Result<Option<i64>>;
-
     /// Resolves a prefix against released and held facts.
     ///
     /// # Errors

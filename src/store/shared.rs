@@ -267,7 +267,6 @@ macro_rules! forward_to_tx {
             lookup(hash: &$crate::FactHash) -> Option<$crate::store::StoredFact>;
             fact_at(seq: i64) -> Option<$crate::Fact>;
             seq_of(hash: &$crate::FactHash) -> Option<i64>;
-            seq_of_type(hash: &$crate::FactHash, type_id: i64) -> Option<i64>;
             resolve_prefix(prefix: &$crate::HashPrefix) -> $crate::FactHash;
             name_id(role: bool, name: &str) -> Option<i64>;
             names(role: bool) -> Vec<String>;

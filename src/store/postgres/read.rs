@@ -62,14 +62,6 @@ impl ReadTx for Tx<'_> {
         Ok(row.map(|r| r.get(0)))
     }
 
-    fn seq_of_type(&self, hash: &FactHash, type_id: i64) -> Result<Option<i64>> {
-        let row = self.row(
-            "SELECT seq FROM fact WHERE hash = $1 AND type_id = $2",
-            &[&&hash.0[..], &type_id],
-        )?;
-        Ok(row.map(|r| r.get(0)))
-    }
-
     fn resolve_prefix(&self, prefix: &HashPrefix) -> Result<FactHash> {
         if let Some(h) = prefix.full() {
             return match self.lookup(&h)? {

@@ -99,14 +99,6 @@ impl<C: Deref<Target = Connection>> ReadTx for Tx<'_, C> {
             .optional()?)
     }
 
-    fn seq_of_type(&self, hash: &FactHash, type_id: i64) -> Result<Option<i64>> {
-        Ok(self
-            .conn
-            .prepare_cached("SELECT seq FROM fact WHERE hash = ?1 AND type_id = ?2")?
-            .query_row(rusqlite::params![&hash.0[..], type_id], |r| r.get(0))
-            .optional()?)
-    }
-
     fn resolve_prefix(&self, prefix: &HashPrefix) -> Result<FactHash> {
         resolve_prefix(&self.conn, prefix)
     }

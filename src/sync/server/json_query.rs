@@ -206,7 +206,8 @@ fn query_id(req: &QueryRequest) -> String {
 }
 
 /// Runs one page and writes its answer: `{"results": [...], "count": N, "next": ...}`.
-/// The givens' types are checked in the query's own read transaction.
+/// The givens' types are checked in the query's own read transaction, when it finds
+/// nothing.
 fn run(store: &Store, page: &Page, out: &mut Answer) -> crate::Result<()> {
     // One result more than the page, to know whether another page follows.
     let want = match (page.size, page.left) {
