@@ -136,6 +136,27 @@ pub struct HashPrefix {
     nibbles: usize,
 }
 
+/// What [`HEX_DIGIT`] holds for a byte that is not a hex digit: a digit's value has none
+/// of these bits, so `(hi | lo) & NOT_HEX` shows either not being one.
+const NOT_HEX: u8 = 0xF0;
+
+/// The value of each ASCII hex digit (either case), [`NOT_HEX`] for any other byte.
+const HEX_DIGIT: [u8; 256] = {
+    let mut t = [NOT_HEX; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
 impl HashPrefix {
     /// Parses 8 to 64 hex digits.
     ///
@@ -153,14 +174,23 @@ impl HashPrefix {
             return Err(bad("a hash has at most 64 hex digits"));
         }
         let mut bytes = [0u8; 32];
-        for (i, c) in s.bytes().enumerate() {
-            let v = match c {
-                b'0'..=b'9' => c - b'0',
-                b'a'..=b'f' => c - b'a' + 10,
-                b'A'..=b'F' => c - b'A' + 10,
-                _ => return Err(bad("not a hex digit")),
-            };
-            bytes[i / 2] |= if i.is_multiple_of(2) { v << 4 } else { v };
+        // Two digits at a time through a table (every pushed fact parses one or two
+        // hashes, so this is on the ingest path).
+        let digits = s.as_bytes();
+        let mut pairs = digits.chunks_exact(2);
+        for (b, pair) in bytes.iter_mut().zip(&mut pairs) {
+            let (hi, lo) = (HEX_DIGIT[pair[0] as usize], HEX_DIGIT[pair[1] as usize]);
+            if (hi | lo) & NOT_HEX != 0 {
+                return Err(bad("not a hex digit"));
+            }
+            *b = hi << 4 | lo;
+        }
+        if let [last] = pairs.remainder() {
+            let v = HEX_DIGIT[*last as usize];
+            if v == NOT_HEX {
+                return Err(bad("not a hex digit"));
+            }
+            bytes[digits.len() / 2] = v << 4;
         }
         Ok(HashPrefix {
             bytes,
@@ -246,6 +276,33 @@ mod tests {
             let mut other = h.0;
             other[(n - 1) / 2] ^= if n % 2 == 1 { 0x10 } else { 0x01 };
             assert!(!p.matches(&FactHash(other)), "{n}");
+        }
+    }
+
+    #[test]
+    fn every_byte_in_every_kind_of_place_is_a_digit_or_refused() {
+        let h = FactHash::of_canonical(b"z").to_string();
+        // The high and low digit of a pair, the last of a whole hash, and the odd last
+        // digit of a prefix.
+        for (text, at) in [(&h[..], 0), (&h[..], 1), (&h[..], 63), (&h[..9], 8)] {
+            for b in 0..=255u8 {
+                let mut t = text.as_bytes().to_vec();
+                t[at] = b;
+                let Ok(t) = String::from_utf8(t) else {
+                    continue;
+                };
+                let digit = (b as char).to_digit(16);
+                match (HashPrefix::parse(&t), digit) {
+                    (Ok(p), Some(v)) => {
+                        let byte = p.bytes[at / 2];
+                        let got = if at % 2 == 0 { byte >> 4 } else { byte & 0x0f };
+                        assert_eq!(u32::from(got), v, "{t}");
+                        assert_eq!(p.nibbles, t.len());
+                    }
+                    (Err(Error::BadHash { .. }), None) => {}
+                    (other, _) => panic!("{t:?} at {at}: {other:?}"),
+                }
+            }
         }
     }
 
