@@ -399,7 +399,10 @@ impl Reader<'_> {
             let mut row = Vec::with_capacity(plan.labels.len());
             for (i, &want) in wanted.iter().enumerate() {
                 let seq: i64 = r.get(i * 3)?;
-                let hash = r.hash(i * 3 + 1)?;
+                let hash = match plan.fixed[i] {
+                    Some(h) => h,
+                    None => r.hash(i * 3 + 1)?,
+                };
                 let bytes = if want {
                     let ValueRef::Blob(bytes) = r.value(i * 3 + 2)? else {
                         return Err(crate::Error::Corrupt {

@@ -71,6 +71,9 @@ pub(crate) struct Plan {
     pub labels: Vec<Arc<str>>,
     /// The fact type of each of `labels`.
     pub types: Vec<Arc<str>>,
+    /// The hash of each of `labels` that the statement selects as NULL because it is
+    /// known here (see `Known::fixed`).
+    pub fixed: Vec<Option<FactHash>>,
 }
 
 struct Compiler {
@@ -101,6 +104,9 @@ struct Known {
     /// The expression of its hash when no `fact` row is joined for it: the
     /// `successor_hash` of the edge that reached it.
     hash: Option<String>,
+    /// Its hash, known when the statement is compiled (a given bound by its `seq`): the
+    /// statement selects NULL for it and the reader fills it in ([`Plan::fixed`]).
+    fixed: Option<FactHash>,
 }
 
 impl Known {
@@ -109,6 +115,7 @@ impl Known {
             seq: format!("{f}.seq"),
             fact: Some(f),
             hash: None,
+            fixed: None,
         }
     }
 
@@ -247,6 +254,7 @@ impl Compiler {
                 seq: end,
                 fact: None,
                 hash: None,
+                fixed: None,
             };
         }
         if down && self.hash_only.contains(&n.label) {
@@ -256,6 +264,7 @@ impl Compiler {
                 seq: end,
                 fact: None,
                 hash: Some(hash),
+                fixed: None,
             };
         }
         if self.late.contains(&n.label) {
@@ -264,6 +273,7 @@ impl Compiler {
                 seq: end,
                 fact: None,
                 hash: None,
+                fixed: None,
             };
         }
         // Conditions that read only the edges are evaluated before this join, so only the
@@ -275,6 +285,7 @@ impl Compiler {
             seq: end,
             fact: Some(f),
             hash: None,
+            fixed: None,
         }
     }
 
@@ -325,7 +336,8 @@ impl Compiler {
                             "(SELECT seq FROM fact WHERE hash = {hash} AND type_id = {ty})"
                         ),
                         fact: None,
-                        hash: Some(format!("{hash}::bytea")),
+                        hash: None,
+                        fixed: Some(h),
                     },
                 );
                 continue;
@@ -610,6 +622,10 @@ fn compile_keyset(
             if late.contains(l) {
                 return scope[l].seq.clone();
             }
+            if scope[l].fixed.is_some() {
+                // The same hash in every row: the reader fills it in.
+                return format!("{}, NULL::bytea, NULL::bytea", scope[l].seq);
+            }
             if let Some(hash) = &scope[l].hash {
                 // Its bytes are not read (`Shape::bytes`).
                 return format!("{}, {hash}, NULL::bytea", scope[l].seq);
@@ -723,8 +739,10 @@ fn compile_keyset(
             &mut c,
         );
     }
+    let fixed = shape.output.iter().map(|l| scope[l].fixed).collect();
     Ok(Plan {
         sql,
+        fixed,
         params: c.params,
         labels: shape.output.iter().map(|l| Arc::from(l.as_str())).collect(),
         types: shape
