@@ -84,29 +84,47 @@ impl Run {
         &self,
         query: impl FnOnce(super::conn::Params<'_>) -> Result<i64>,
     ) -> Result<i64> {
+        self.with_columns(|c| {
+            query(&[
+                c.seq,
+                &c.hash,
+                c.type_id,
+                &c.bytes,
+                c.pred,
+                c.role,
+                &c.succ_type,
+                &c.succ,
+                c.pred_type,
+                &c.succ_hash,
+            ])
+        })
+    }
+
+    /// Calls `f` with the run's rows as columns: the fact rows, then the edge rows.
+    pub(super) fn with_columns<T>(&self, f: impl FnOnce(&Columns<'_>) -> Result<T>) -> Result<T> {
         let hashes: Vec<FactHash> = self.facts.iter().map(|f| f.hash()).collect();
-        let hashes: Vec<&[u8]> = hashes.iter().map(|h| &h.0[..]).collect();
+        let hash: Vec<&[u8]> = hashes.iter().map(|h| &h.0[..]).collect();
         let bytes: Vec<&[u8]> = self.facts.iter().map(|f| f.canonical_bytes()).collect();
         let (mut succ, mut succ_type, mut succ_hash) = (Vec::new(), Vec::new(), Vec::new());
         let mut start = 0;
         for (i, &end) in self.ends.iter().enumerate() {
             succ.extend(std::iter::repeat_n(self.seq[i], end - start));
             succ_type.extend(std::iter::repeat_n(self.type_id[i], end - start));
-            succ_hash.extend(std::iter::repeat_n(hashes[i], end - start));
+            succ_hash.extend(std::iter::repeat_n(hash[i], end - start));
             start = end;
         }
-        query(&[
-            &self.seq,
-            &hashes,
-            &self.type_id,
-            &bytes,
-            &self.pred,
-            &self.role,
-            &succ_type,
-            &succ,
-            &self.pred_type,
-            &succ_hash,
-        ])
+        f(&Columns {
+            seq: &self.seq,
+            hash,
+            type_id: &self.type_id,
+            bytes,
+            pred: &self.pred,
+            role: &self.role,
+            succ_type,
+            succ,
+            pred_type: &self.pred_type,
+            succ_hash,
+        })
     }
 
     pub(super) fn clear(&mut self) {
@@ -119,6 +137,22 @@ impl Run {
         self.pred_type.clear();
         self.pred_hash.clear();
     }
+}
+
+/// A run's rows as columns ([`Run::with_columns`]): `fact (seq, hash, type_id, bytes)`
+/// and `edge (predecessor, role_id, successor_type, successor, predecessor_type,
+/// successor_hash)`.
+pub(super) struct Columns<'r> {
+    pub(super) seq: &'r Vec<i64>,
+    pub(super) hash: Vec<&'r [u8]>,
+    pub(super) type_id: &'r Vec<i64>,
+    pub(super) bytes: Vec<&'r [u8]>,
+    pub(super) pred: &'r Vec<i64>,
+    pub(super) role: &'r Vec<i64>,
+    pub(super) succ_type: Vec<i64>,
+    pub(super) succ: Vec<i64>,
+    pub(super) pred_type: &'r Vec<i64>,
+    pub(super) succ_hash: Vec<&'r [u8]>,
 }
 
 /// The batch's view of the released facts: those released before it, as read at its
