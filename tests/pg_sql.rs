@@ -114,6 +114,19 @@ fn arguments_bind_to_the_inferred_types_and_columns_read_back() {
         })
         .unwrap();
     assert_eq!((n, s.as_str(), after_typo), (0, "ab", 2));
+    // The first statement of a read is parsed without a savepoint (a failed parse begins
+    // the read again): a statement that does not parse leaves it usable there too.
+    let after_first_typo = store
+        .read(|r| {
+            assert!(r.query_one("SELEC 1", &[], |r| r.get::<i64>(0)).is_err());
+            r.query_one(
+                "SELECT count(*) FROM kinds WHERE i8 IS NULL OR i8 <> ?1",
+                args![-1i64],
+                |r| r.get::<i64>(0),
+            )
+        })
+        .unwrap();
+    assert_eq!(after_first_typo, 2);
 }
 
 #[test]

@@ -40,10 +40,14 @@ impl PgConn {
     /// so that a statement that does not parse leaves the transaction usable, as on
     /// SQLite; and a parameter whose type the server cannot infer (`SELECT ?1`, sqlstate
     /// 42P18) is given its argument's type (integer, real, text, bytes).
+    /// `restart`: the transaction's `BEGIN` when it is a read transaction that has run
+    /// nothing yet, which a client statement's parse may then restart instead of
+    /// guarding itself with a savepoint (see [`PgConn::parse_restarting`]).
     fn prepared(
         &mut self,
         sql: &str,
         client: Option<&[Arg<'_>]>,
+        restart: Option<&str>,
         reprepares: &std::sync::atomic::AtomicU64,
     ) -> Result<Statement> {
         if let Some(s) = self.statements.get(sql) {
@@ -53,12 +57,34 @@ impl PgConn {
             self.statements.clear();
             reprepares.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let s = match client {
-            None => self.client.prepare(sql).map_err(backend)?,
-            Some(args) => self.parse_guarded(sql, args)?,
+        let s = match (client, restart) {
+            (None, _) => self.client.prepare(sql).map_err(backend)?,
+            (Some(args), Some(begin)) => self.parse_restarting(sql, args, begin)?,
+            (Some(args), None) => self.parse_guarded(sql, args)?,
         };
         self.statements.insert(sql.to_string(), s.clone());
         Ok(s)
+    }
+
+    /// As [`PgConn::parse_guarded`], in a read transaction that has run nothing yet:
+    /// no savepoint (two round trips) around the parse, because a failed parse is undone
+    /// by beginning the transaction again, which loses nothing (its snapshot is taken
+    /// by its first statement). Then the typed parse, as there; any other failure leaves
+    /// the transaction begun again and usable, as the savepoint would.
+    fn parse_restarting(&mut self, sql: &str, args: &[Arg<'_>], begin: &str) -> Result<Statement> {
+        let c = &mut self.client;
+        match c.prepare(sql) {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                c.batch_execute(&format!("ROLLBACK; {begin}"))
+                    .map_err(backend)?;
+                if e.code().is_some_and(|s| s.code() == "42P18") {
+                    let types: Vec<Type> = args.iter().map(arg_type).collect();
+                    return c.prepare_typed(sql, &types).map_err(backend);
+                }
+                Err(backend(e))
+            }
+        }
     }
 
     fn parse_guarded(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Statement> {
@@ -111,6 +137,10 @@ pub(crate) struct Tx<'a> {
     pub(crate) read_only: bool,
     /// Released facts written ahead ([`Ahead`]), sent before the next statement.
     pub(crate) ahead: RefCell<Ahead>,
+    /// The statement that began it.
+    begin: &'static str,
+    /// It has run no statement since `begin`.
+    fresh: std::cell::Cell<bool>,
 }
 
 /// Released facts whose rows are sent with the next statement of the transaction rather
@@ -141,7 +171,7 @@ fn run_rows(
     run: &Run,
     reprepares: &std::sync::atomic::AtomicU64,
 ) -> Result<i64> {
-    let s = conn.prepared(Run::WRITE_ROWS, None, reprepares)?;
+    let s = conn.prepared(Run::WRITE_ROWS, None, None, reprepares)?;
     run.write_rows(|params| {
         let rows = conn.client.query(&s, params).map_err(backend)?;
         Ok(rows[0].get(0))
@@ -170,8 +200,8 @@ fn copy_rows(
     reprepares: &std::sync::atomic::AtomicU64,
 ) -> Result<i64> {
     use postgres::binary_copy::BinaryCopyInWriter;
-    let facts = conn.prepared(COPY_FACTS, None, reprepares)?;
-    let edges = conn.prepared(COPY_EDGES, None, reprepares)?;
+    let facts = conn.prepared(COPY_FACTS, None, None, reprepares)?;
+    let edges = conn.prepared(COPY_EDGES, None, None, reprepares)?;
     run.with_columns(|c| {
         let sink = conn.client.copy_in(&facts).map_err(backend)?;
         let mut w =
@@ -224,7 +254,7 @@ impl<'a> Tx<'a> {
     /// terminated backend) is known only when it is used: if `begin` fails on one for a
     /// lost connection, it is dropped and `begin` runs once on a new connection, as
     /// nothing had happened yet.
-    pub(crate) fn begin(pg: &'a PgBackend, begin: &str) -> Result<Tx<'a>> {
+    pub(crate) fn begin(pg: &'a PgBackend, begin: &'static str) -> Result<Tx<'a>> {
         let mut conn = pg.connection()?;
         if let Err(e) = conn.client.batch_execute(begin) {
             if !super::errors::is_lost(&e) {
@@ -239,6 +269,8 @@ impl<'a> Tx<'a> {
             open: true,
             read_only: false,
             ahead: RefCell::default(),
+            begin,
+            fresh: std::cell::Cell::new(true),
         })
     }
 
@@ -269,6 +301,7 @@ impl<'a> Tx<'a> {
         })?;
         let conn = conn.as_mut().expect("present until drop");
         self.write_ahead_rows(conn)?;
+        self.fresh.set(false);
         f(conn)
     }
 
@@ -336,8 +369,9 @@ impl<'a> Tx<'a> {
         f: impl FnOnce(&mut Client, &Statement, Params<'_>) -> Result<T, postgres::Error>,
     ) -> Result<T> {
         let reprepares = &self.backend.shared.reprepares;
+        let restart = (self.read_only && self.fresh.get()).then_some(self.begin);
         self.with(|c| {
-            let s = c.prepared(sql, client, reprepares)?;
+            let s = c.prepared(sql, client, restart, reprepares)?;
             f(&mut c.client, &s, params).map_err(backend)
         })
     }
