@@ -187,7 +187,7 @@ impl HashPrefix {
         }
         if let [last] = pairs.remainder() {
             let v = HEX_DIGIT[*last as usize];
-            if v == NOT_HEX {
+            if v & NOT_HEX != 0 {
                 return Err(bad("not a hex digit"));
             }
             bytes[digits.len() / 2] = v << 4;

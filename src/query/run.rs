@@ -119,7 +119,6 @@ pub(crate) struct Bound {
 /// The facts bound to the labels of one result row (the label names shared with the
 /// plan that read it), in the plan's order: a row has a few labels, so a look-up walks
 /// them, which costs less than hashing the name (one `Env` is built per result).
-#[derive(Default)]
 pub(crate) struct Env(Vec<(Arc<str>, Bound)>);
 
 impl Env {
@@ -127,11 +126,9 @@ impl Env {
         Env(Vec::with_capacity(n))
     }
 
+    /// Binds `label`, which a plan's labels hold once each.
     fn insert(&mut self, label: Arc<str>, bound: Bound) {
-        match self.0.iter_mut().find(|(l, _)| *l == label) {
-            Some(slot) => slot.1 = bound,
-            None => self.0.push((label, bound)),
-        }
+        self.0.push((label, bound));
     }
 
     fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Bound)> {

@@ -256,6 +256,7 @@ macro_rules! forward_to_tx {
             ) -> $crate::Result<()> {
                 $crate::store::Sql::query_streamed(&self.tx, sql, args, f)
             }
+
             fn batch(&self, sql: &str) -> $crate::Result<()> {
                 $crate::store::Sql::batch(&self.tx, sql)
             }
