@@ -688,3 +688,96 @@ conformance! {
         assert!(s.verify(|_| {}).unwrap().is_clean());
     }
 }
+
+conformance! {
+    fn a_large_batch_counts_what_another_store_released_as_duplicates(b: Backend) {
+        use rand::seq::SliceRandom;
+        // Two stores on one database, as two processes would be: the second knows
+        // nothing of what the first released.
+        let db = b.db();
+        let (first, second) = (db.store(), db.store());
+        let root = fact("Root", 0, &[]);
+        let leaves: Vec<Fact> = (0..600).map(|i| fact("Leaf", i, &[root.hash()])).collect();
+        let mut given = vec![root.clone()];
+        given.extend(leaves[..300].iter().cloned());
+        let r = first.insert_batch(given).unwrap();
+        assert_eq!((r.inserted, r.duplicates), (301, 0));
+
+        // Half of it stored already, in any order.
+        let mut all = vec![root.clone()];
+        all.extend(leaves.iter().cloned());
+        all.shuffle(&mut rand::rng());
+        let r = second.insert_batch(all).unwrap();
+        assert_eq!(
+            (r.inserted, r.duplicates, r.released, r.held),
+            (300, 301, 300, 0)
+        );
+
+        // Again, with facts held for a parent that is missing.
+        let absent = fact("Root", 1, &[]);
+        let orphans: Vec<Fact> = (0..300).map(|i| fact("Leaf", i, &[absent.hash()])).collect();
+        let more: Vec<Fact> = (600..900).map(|i| fact("Leaf", i, &[root.hash()])).collect();
+        let mut mixed: Vec<Fact> = leaves[300..].to_vec();
+        mixed.extend(orphans.iter().cloned());
+        mixed.extend(more.iter().cloned());
+        mixed.shuffle(&mut rand::rng());
+        let r = first.insert_batch(mixed).unwrap();
+        assert_eq!(
+            (r.inserted, r.duplicates, r.released, r.held),
+            (300, 300, 300, 300)
+        );
+        let r = second.insert_batch(vec![absent]).unwrap();
+        assert_eq!(r.released, 301);
+
+        let stats = second.stats().unwrap();
+        assert_eq!((stats.released, stats.held), (1 + 900 + 1 + 300, 0));
+        // No number was lost to a write that was undone.
+        let last = second.read(|r| r.last_seq()).unwrap();
+        assert_eq!(last, stats.released as i64);
+        assert_topological(&second);
+        assert!(second.verify(|_| {}).unwrap().is_clean());
+    }
+}
+
+conformance! {
+    fn facts_of_a_write_rolled_back_are_written_by_the_next(b: Backend) {
+        let s = b.store();
+        let root = fact("Root", 0, &[]);
+        let leaves: Vec<Fact> = (0..400).map(|i| fact("Leaf", i, &[root.hash()])).collect();
+        let mut batch = vec![root.clone()];
+        batch.extend(leaves.iter().cloned());
+        let undone = s.write(|w| {
+            let r = w.insert_batch(batch.clone())?;
+            assert_eq!(r.inserted, 401);
+            Err::<(), _>(undone_on_purpose())
+        });
+        assert!(undone.is_err());
+        // A savepoint rolled back inside a transaction that commits.
+        s.write(|w| {
+            let kept = w.insert_batch(vec![root.clone()])?;
+            assert_eq!(kept.inserted, 1);
+            let inner = w.savepoint(|w| {
+                let r = w.insert_batch(leaves.clone())?;
+                assert_eq!(r.inserted, 400);
+                Err::<(), _>(undone_on_purpose())
+            });
+            assert!(inner.is_err());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(s.stats().unwrap().released, 1);
+        let r = s.insert_batch(batch).unwrap();
+        assert_eq!((r.inserted, r.duplicates), (400, 1));
+        assert_eq!(s.stats().unwrap().released, 401);
+        assert!(leaves.iter().all(|f| s.get(&f.hash()).unwrap().is_some()));
+        assert_eq!(s.read(|r| r.last_seq()).unwrap(), 401);
+        assert!(s.verify(|_| {}).unwrap().is_clean());
+    }
+}
+
+/// The error a test's write returns to have its transaction or savepoint rolled back.
+fn undone_on_purpose() -> Error {
+    Error::SyncConfig {
+        reason: "undone on purpose".into(),
+    }
+}

@@ -788,6 +788,22 @@ impl HookRunner<'_> {
         Ok(())
     }
 
+    /// A savepoint of the backend's own was opened: as [`super::Writer::savepoint`] tells
+    /// the hooks.
+    pub(crate) fn savepoint_opened(&mut self) {
+        for hook in &self.store.options().release_hooks {
+            hook.savepoint_opened(self.state);
+        }
+    }
+
+    /// The savepoint opened last by [`HookRunner::savepoint_opened`] was kept or rolled
+    /// back.
+    pub(crate) fn savepoint_closed(&mut self, rolled_back: bool) {
+        for hook in &self.store.options().release_hooks {
+            hook.savepoint_closed(self.state, rolled_back);
+        }
+    }
+
     /// Whether every hook is [`ReleaseHook::idle`] in `tx` now.
     ///
     /// # Errors

@@ -28,6 +28,10 @@ use crate::store::{BatchReport, InsertOutcome};
 /// Facts written by one statement at most: bounds its arrays.
 pub(super) const RUN: usize = 8_192;
 
+/// Batches of at least this many facts are guessed new ([`PgWrite::insert_many`]): below
+/// it, the savepoint's round trip costs about what the look-up of their own hashes does.
+pub(super) const GUESS_FROM: usize = 256;
+
 /// Released facts of a batch not yet written, in release order, with their edges.
 #[derive(Default)]
 pub(crate) struct Run {
@@ -200,12 +204,81 @@ fn slices(hashes: &[FactHash]) -> Vec<&[u8]> {
 impl PgWrite<'_> {
     /// See [`crate::Writer::insert_batch`]: the SQLite backend's steps, in a few round
     /// trips per batch.
+    ///
+    /// A batch of at least [`GUESS_FROM`] facts, with no hook to run and nothing written
+    /// ahead, is first written on the guess that those of its facts that
+    /// [`super::recent`] does not know of are new: its look-up then asks only for
+    /// predecessors from outside the batch. The guess is checked by the unique hash of
+    /// the fact table as the rows are written, under a savepoint of its own; if a fact
+    /// was stored already, the savepoint is rolled back (with the counters, names and
+    /// releases it saw) and the batch is written again, its own hashes looked up.
     pub(super) fn insert_many(
         &mut self,
         facts: Vec<Fact>,
         hooks: &mut HookRunner<'_>,
     ) -> Result<BatchReport> {
-        let before = self.released_among(&facts)?;
+        let one_by_one = !hooks.idle(&*self)?;
+        let recent = &self.tx.backend.shared.recent;
+        if facts.len() >= GUESS_FROM
+            && !one_by_one
+            && !self.tx.ahead.borrow().on
+            && recent.may_guess()
+        {
+            let mark = self.open_guess()?;
+            hooks.savepoint_opened();
+            self.guessing = true;
+            let guessed = self.insert_many_as(facts.clone(), hooks, one_by_one, true);
+            self.guessing = false;
+            let failed = std::mem::take(&mut self.guess_failed);
+            if failed {
+                self.tx.backend.shared.recent.guess_failed();
+                self.back_to_guess(mark)?;
+            }
+            hooks.savepoint_closed(failed);
+            if !failed {
+                return guessed;
+            }
+        }
+        self.insert_many_as(facts, hooks, one_by_one, false)
+    }
+
+    /// Opens the savepoint of a batch guessed new, releasing the last one; returns what
+    /// rolling back to it restores.
+    fn open_guess(&mut self) -> Result<(Option<super::write::Locked>, usize)> {
+        if self.guess_open {
+            self.tx
+                .simple("RELEASE SAVEPOINT precedent_guess; SAVEPOINT precedent_guess")?;
+        } else {
+            self.tx.simple("SAVEPOINT precedent_guess")?;
+        }
+        self.guess_open = true;
+        Ok((self.locked, self.released.len()))
+    }
+
+    /// Rolls back to the savepoint of a batch whose guess failed.
+    fn back_to_guess(
+        &mut self,
+        (locked, released): (Option<super::write::Locked>, usize),
+    ) -> Result<()> {
+        self.tx
+            .simple("ROLLBACK TO SAVEPOINT precedent_guess; RELEASE SAVEPOINT precedent_guess")?;
+        self.guess_open = false;
+        self.locked = locked;
+        self.released.truncate(released);
+        // Names made in the savepoint are gone with it.
+        self.names.forget();
+        Ok(())
+    }
+
+    /// [`PgWrite::insert_many`], with its facts guessed new or looked up.
+    fn insert_many_as(
+        &mut self,
+        facts: Vec<Fact>,
+        hooks: &mut HookRunner<'_>,
+        one_by_one: bool,
+        guess: bool,
+    ) -> Result<BatchReport> {
+        let before = self.released_among(&facts, guess)?;
         let mut report = BatchReport::default();
         let ordered = batch_order(facts, &mut report, &mut |h| Ok(before.contains_key(h)))?;
         let (waited, held_before) = self.held_among(&ordered)?;
@@ -213,7 +286,7 @@ impl PgWrite<'_> {
             before,
             waited,
             held_before,
-            one_by_one: !hooks.idle(&*self)?,
+            one_by_one,
             run: Run::default(),
             held: HeldRun::default(),
             ids: Vec::new(),
@@ -318,6 +391,7 @@ impl PgWrite<'_> {
         b.run.push(fact, seq, type_id, edges);
         let batch = self.batch_released.as_mut().expect("in a batch");
         batch.insert(hash, (seq, type_id));
+        self.released.push((hash, (seq, type_id)));
         Ok((seq, type_id))
     }
 
@@ -423,15 +497,23 @@ impl PgWrite<'_> {
             return Ok(());
         }
         let added = self.tx.write_run(run)?;
-        if added != run.facts.len() as i64 {
+        if added != Some(run.facts.len() as i64) {
+            // A batch guessed new had a fact stored already; the batch is written again.
+            self.guess_failed = self.guessing;
             // Under the write lock, a fact read as absent at the batch's start is absent.
             return Err(Error::Corrupt {
                 hash: run.facts[0].hash(),
-                reason: format!(
-                    "{} of {} facts read as not released were released meanwhile",
-                    run.facts.len() as i64 - added,
-                    run.facts.len()
-                ),
+                reason: match added {
+                    Some(added) => format!(
+                        "{} of {} facts read as not released were released meanwhile",
+                        run.facts.len() as i64 - added,
+                        run.facts.len()
+                    ),
+                    None => format!(
+                        "a fact of {} read as not released was released meanwhile",
+                        run.facts.len()
+                    ),
+                },
             });
         }
         let mut start = 0;
@@ -446,26 +528,44 @@ impl PgWrite<'_> {
         Ok(())
     }
 
-    /// Which of `facts` and of their predecessors are released, with seq and type id:
-    /// one statement.
-    fn released_among(&self, facts: &[Fact]) -> Result<Known> {
-        let mut wanted: HashSet<FactHash, BuildFactHasher> = HashSet::default();
+    /// Which of `facts` and of their predecessors are released, with seq and type id: those
+    /// [`super::recent`] knows of, and one statement for the others. With `guess`, a fact
+    /// of the batch it does not know of is taken to be new, not looked up.
+    fn released_among(&self, facts: &[Fact], guess: bool) -> Result<Known> {
+        let own: HashSet<FactHash, BuildFactHasher> = facts.iter().map(Fact::hash).collect();
+        let mut preds: HashSet<FactHash, BuildFactHasher> = HashSet::default();
         for fact in facts {
-            wanted.insert(fact.hash());
-            wanted.extend(
+            preds.extend(
                 fact.predecessor_hashes()
                     .into_iter()
-                    .filter(|p| !self.assumed.contains_key(p)),
+                    .filter(|p| !own.contains(p) && !self.assumed.contains_key(p)),
             );
         }
-        let wanted: Vec<&[u8]> = wanted.iter().map(|h| &h.0[..]).collect();
         let mut known = Known::default();
+        let recent = &self.tx.backend.shared.recent;
+        let unknown = recent.lookup(own.iter(), &mut known);
+        let mut ask = if guess { Vec::new() } else { unknown };
+        ask.extend(recent.lookup(preds.iter(), &mut known));
+        if ask.is_empty() {
+            return Ok(known);
+        }
+        let mut found = Vec::new();
         for row in self.tx.rows(
             "SELECT hash, seq, type_id FROM fact WHERE hash = ANY($1::bytea[])",
-            &[&wanted],
+            &[&slices(&ask)],
         )? {
-            known.insert(hash_at(&row, 0)?, (row.get(1), row.get(2)));
+            found.push((hash_at(&row, 0)?, (row.get(1), row.get(2))));
         }
+        // Read under the write lock: those numbered before it are committed, true for
+        // good; the others this transaction released, and it may yet roll back.
+        let committed = self.at_lock.seq;
+        recent.add(
+            found
+                .iter()
+                .copied()
+                .filter(|(_, (seq, _))| *seq <= committed),
+        );
+        known.extend(found);
         Ok(known)
     }
 

@@ -191,28 +191,56 @@ const COPY_EDGES: &str = "COPY edge (predecessor, role_id, successor_type, succe
      predecessor_type, successor_hash) FROM STDIN (FORMAT binary)";
 
 /// Writes `run`'s rows on `conn` by `COPY`, the facts then their edges; returns how many
-/// facts were written. Under the write lock every fact of a run was read as not
-/// released, so none is there: one that is fails the `COPY` on the unique hash (and
-/// with it the transaction), where the statement's `ON CONFLICT` would count it.
+/// facts were written, or `None` if one of them is stored already. A run's facts were
+/// read as not released or taken to be new (`PgWrite::insert_many`): one that is there
+/// fails the `COPY` on the unique hash, and with it the transaction (to its last
+/// savepoint), where the statement's `ON CONFLICT` would count it.
 fn copy_rows(
     conn: &mut PgConn,
     run: &Run,
     reprepares: &std::sync::atomic::AtomicU64,
+) -> Result<Option<i64>> {
+    let there = std::cell::Cell::new(false);
+    let fail = |e: postgres::Error| {
+        there.set(there.get() || stored_already(&e));
+        backend(e)
+    };
+    match copy_all(conn, run, reprepares, &fail) {
+        Ok(n) => Ok(Some(n)),
+        Err(_) if there.get() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `e` is the unique hash of the fact table refusing a row.
+fn stored_already(e: &postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        *db.code() == postgres::error::SqlState::UNIQUE_VIOLATION
+            && db.constraint() == Some("fact_hash_key")
+    })
+}
+
+/// [`copy_rows`]' two `COPY`s.
+fn copy_all(
+    conn: &mut PgConn,
+    run: &Run,
+    reprepares: &std::sync::atomic::AtomicU64,
+    fail: &dyn Fn(postgres::Error) -> Error,
 ) -> Result<i64> {
     use postgres::binary_copy::BinaryCopyInWriter;
     let facts = conn.prepared(COPY_FACTS, None, None, reprepares)?;
     let edges = conn.prepared(COPY_EDGES, None, None, reprepares)?;
     run.with_columns(|c| {
-        let sink = conn.client.copy_in(&facts).map_err(backend)?;
+        let sink = conn.client.copy_in(&facts).map_err(fail)?;
         let mut w =
             BinaryCopyInWriter::new(sink, &[Type::INT8, Type::BYTEA, Type::INT8, Type::BYTEA]);
         for i in 0..c.seq.len() {
             w.write(&[&c.seq[i], &c.hash[i], &c.type_id[i], &c.bytes[i]])
-                .map_err(backend)?;
+                .map_err(fail)?;
         }
-        let written = w.finish().map_err(backend)?;
+        let written = w.finish().map_err(fail)?;
         if !c.pred.is_empty() {
-            let sink = conn.client.copy_in(&edges).map_err(backend)?;
+            let sink = conn.client.copy_in(&edges).map_err(fail)?;
             let types = [
                 Type::INT8,
                 Type::INT8,
@@ -231,9 +259,9 @@ fn copy_rows(
                     &c.pred_type[i],
                     &c.succ_hash[i],
                 ])
-                .map_err(backend)?;
+                .map_err(fail)?;
             }
-            w.finish().map_err(backend)?;
+            w.finish().map_err(fail)?;
         }
         Ok(written as i64)
     })
@@ -328,13 +356,14 @@ impl<'a> Tx<'a> {
         }
     }
 
-    /// Writes `run`'s facts and edges in one statement; returns how many were new.
-    pub(crate) fn write_run(&self, run: &Run) -> Result<i64> {
+    /// Writes `run`'s facts and edges; returns how many facts were new, or `None` if
+    /// one was stored already and the write failed on it (see [`copy_rows`]).
+    pub(crate) fn write_run(&self, run: &Run) -> Result<Option<i64>> {
         self.with(|c| {
             if run.len() >= COPY_FROM {
                 copy_rows(c, run, &self.backend.shared.reprepares)
             } else {
-                run_rows(c, run, &self.backend.shared.reprepares)
+                run_rows(c, run, &self.backend.shared.reprepares).map(Some)
             }
         })
     }

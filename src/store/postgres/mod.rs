@@ -10,6 +10,7 @@
 //! - `write.rs`: inserts, the held set and its cascades, release; `batch.rs`: a batch
 //!   of inserts in a few round trips, `cascade.rs` its cascades; `held.rs`: dropping
 //!   held facts.
+//! - `recent.rs`: released facts seen lately, so a batch looks up only the others.
 //! - `read.rs`: reads; `verify.rs`: the whole-store check.
 //! - `tls.rs`: `sslmode`, `sslrootcert`, `sslcert`, `sslkey` as libpq reads them, over
 //!   rustls.
@@ -32,6 +33,7 @@ mod names;
 mod notify;
 mod params;
 mod read;
+mod recent;
 mod tls;
 mod verify;
 mod write;
@@ -64,6 +66,8 @@ pub(crate) struct Shared {
     pub(crate) names: NameCache,
     pub(crate) options: StoreOptions,
     pub(crate) reprepares: AtomicU64,
+    /// Released facts seen lately, and when a batch may be guessed new.
+    pub(crate) recent: recent::Recent,
 }
 
 /// A store's database in PostgreSQL.
@@ -131,6 +135,7 @@ impl PostgresBackend {
                 names: NameCache::default(),
                 options,
                 reprepares: AtomicU64::new(0),
+                recent: recent::Recent::default(),
             },
             listener: Mutex::new(None),
         };

@@ -40,9 +40,20 @@ pub(crate) struct PgWrite<'a> {
     /// The counters under the write lock, once it is taken.
     pub(super) locked: Option<Locked>,
     /// The counters when the lock was taken, to write back only a change.
-    at_lock: Locked,
-    /// `locked` at each open savepoint (rolling one back gives back a lock taken in it).
-    savepoints: Vec<Option<Locked>>,
+    pub(super) at_lock: Locked,
+    /// `locked` and `released.len()` at each open savepoint (rolling one back gives back
+    /// a lock taken in it and the facts released in it).
+    savepoints: Vec<(Option<Locked>, usize)>,
+    /// The savepoint of a batch guessed new ([`PgWrite::insert_many`]) is open: it is
+    /// released by the next one, by a savepoint of the caller's, or by the commit.
+    pub(super) guess_open: bool,
+    /// A batch guessed new is being written ([`PgWrite::flush`]).
+    pub(super) guessing: bool,
+    /// A fact of the batch guessed new was stored already.
+    pub(super) guess_failed: bool,
+    /// What this transaction released, as (seq, type id), for [`super::recent`] once it
+    /// commits.
+    pub(super) released: Vec<(FactHash, (i64, i64))>,
     /// During a batch, its facts that are held, with their `held` row ids.
     pub(super) batch_held: Option<BatchHeld>,
     /// Facts the caller said are released, as (seq, type id).
@@ -100,13 +111,21 @@ impl WriteTx for PgWrite<'_> {
     }
 
     fn savepoint(&mut self) -> Result<()> {
-        self.tx.simple("SAVEPOINT precedent")?;
-        self.savepoints.push(self.locked);
+        // A batch's savepoint is never left open under one of the caller's.
+        if std::mem::take(&mut self.guess_open) {
+            self.tx
+                .simple("RELEASE SAVEPOINT precedent_guess; SAVEPOINT precedent")?;
+        } else {
+            self.tx.simple("SAVEPOINT precedent")?;
+        }
+        self.savepoints.push((self.locked, self.released.len()));
         Ok(())
     }
 
     fn release_savepoint(&mut self) -> Result<()> {
+        // Releases a batch's savepoint opened inside it too.
         self.tx.simple("RELEASE SAVEPOINT precedent")?;
+        self.guess_open = false;
         self.savepoints.pop();
         Ok(())
     }
@@ -114,9 +133,12 @@ impl WriteTx for PgWrite<'_> {
     fn rollback_savepoint(&mut self) -> Result<()> {
         self.tx
             .simple("ROLLBACK TO SAVEPOINT precedent; RELEASE SAVEPOINT precedent")?;
-        if let Some(locked) = self.savepoints.pop() {
-            // A lock taken inside the savepoint was given back with it.
+        self.guess_open = false;
+        if let Some((locked, released)) = self.savepoints.pop() {
+            // A lock taken inside the savepoint was given back with it, and the facts
+            // released in it are not.
             self.locked = locked;
+            self.released.truncate(released);
         }
         self.names.forget();
         self.assumed.clear();
@@ -173,7 +195,9 @@ impl WriteTx for PgWrite<'_> {
             self.tx.finish("COMMIT")?;
         }
         let names = std::mem::take(&mut self.names);
-        self.tx.backend.shared.names.commit(names);
+        let shared = &self.tx.backend.shared;
+        shared.names.commit(names);
+        shared.recent.add(std::mem::take(&mut self.released));
         Ok(())
     }
 }
@@ -188,6 +212,10 @@ impl<'a> PgWrite<'a> {
             locked: None,
             at_lock: Locked::default(),
             savepoints: Vec::new(),
+            guess_open: false,
+            guessing: false,
+            guess_failed: false,
+            released: Vec::new(),
             batch_held: None,
             assumed: HashMap::default(),
             batch_released: None,
@@ -365,6 +393,7 @@ impl<'a> PgWrite<'a> {
         if let Some(batch) = &mut self.batch_released {
             batch.insert(fact.hash(), (seq, type_id));
         }
+        self.released.push((hash, (seq, type_id)));
         let known = |h: &FactHash| preds.iter().find(|p| p.1 == *h).map(|p| p.2);
         hooks.released(&self.tx, fact, seq, &known)?;
         Ok(Some((seq, type_id)))
