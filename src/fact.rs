@@ -315,8 +315,13 @@ fn check_model(type_name: &str, fields: &Fields, predecessors: &Predecessors) ->
             limits::MAX_PREDECESSORS
         )));
     }
+    // One buffer for the paths of all fields (it is read only when a value is refused).
+    let mut path = String::new();
     for (name, value) in fields {
-        check_value(value, 2, &mut format!("fields.{name}"))?;
+        path.clear();
+        path.push_str("fields.");
+        path.push_str(name);
+        check_value(value, 2, &mut path)?;
     }
     Ok(())
 }

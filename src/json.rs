@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 mod de;
+mod fast;
 mod value;
 
 pub use value::{JsonNumber, JsonValue};
@@ -352,6 +353,15 @@ pub fn parse_standalone(text: &str) -> Result<Vec<Fact>> {
     resolve(&spec, &mut |p| {
         Err(Error::UnknownPrefix { prefix: p.text() })
     })
+}
+
+/// The fact of one JSON-form text of the common shape (predecessors by full hash, no
+/// inline facts), read in one pass without the JSON tree; `None` when the text is not of
+/// that shape or not valid. It accepts nothing that [`parse`] and [`resolve`] refuse and
+/// builds the same fact as they do, so a caller that gets `None` takes that path, which
+/// gives the fact or the error (`src/json/fast.rs` lists what is left to it).
+pub fn parse_fast(text: &str) -> Option<Fact> {
+    fast::fact(text)
 }
 
 /// The JSON form of a fact, with its `"hash"`. Keys come in a fixed order: `hash`,

@@ -63,32 +63,44 @@ pub struct Item {
 
 /// Parses, checks, encodes and hashes one record as far as it can without the store.
 ///
-/// A JSON record is resolved with a resolver that answers no prefix; if resolving stopped
-/// at a prefix, the record goes to the writer, which repeats the resolution with the
-/// store. Resolution is deterministic up to its first prefix lookup, so the outcome is
-/// the same as resolving with the store from the start.
+/// A JSON record of the common shape (full hashes, no inline facts) is read in one pass
+/// by `json::parse_fast`; any other goes through [`parse_json`], which gives its facts
+/// or its error.
 pub fn parse(body: Body) -> Parsed {
     match body {
-        Body::Json(text) => match json::parse(&text) {
-            Err(e) => Parsed::Invalid(e.to_string()),
-            Ok(spec) => {
-                let mut needs_store = false;
-                let resolved = json::resolve(&spec, &mut |p| {
-                    needs_store = true;
-                    Err(Error::UnknownPrefix { prefix: p.text() })
-                });
-                match resolved {
-                    Ok(facts) => Parsed::Facts(facts),
-                    Err(_) if needs_store => Parsed::NeedsStore(spec),
-                    Err(e) => Parsed::Invalid(e.to_string()),
-                }
-            }
+        Body::Json(text) => match json::parse_fast(&text) {
+            Some(fact) => Parsed::Facts(vec![fact]),
+            None => parse_json(&text),
         },
         Body::Cbor(bytes) => match Fact::from_canonical(&bytes) {
             Ok(fact) => Parsed::Facts(vec![fact]),
             Err(e) => Parsed::Invalid(e.to_string()),
         },
         Body::Bad(reason) => Parsed::Invalid(reason),
+    }
+}
+
+/// A JSON record through the general path: the JSON tree, then resolution.
+///
+/// The record is resolved with a resolver that answers no prefix; if resolving stopped
+/// at a prefix, the record goes to the writer, which repeats the resolution with the
+/// store. Resolution is deterministic up to its first prefix lookup, so the outcome is
+/// the same as resolving with the store from the start.
+fn parse_json(text: &str) -> Parsed {
+    match json::parse(text) {
+        Err(e) => Parsed::Invalid(e.to_string()),
+        Ok(spec) => {
+            let mut needs_store = false;
+            let resolved = json::resolve(&spec, &mut |p| {
+                needs_store = true;
+                Err(Error::UnknownPrefix { prefix: p.text() })
+            });
+            match resolved {
+                Ok(facts) => Parsed::Facts(facts),
+                Err(_) if needs_store => Parsed::NeedsStore(spec),
+                Err(e) => Parsed::Invalid(e.to_string()),
+            }
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! body and record limits, one transaction, held facts and quarantine. Only the framing
 //! and the decoding of a record differ: a record is one element of a JSON array, or one
 //! non-blank line of JSON Lines, and decoding it reads the JSON form (`crate::json`)
-//! and builds the canonical fact from it.
+//! and builds the canonical fact from it: through `json::parse_fast` when the record has
+//! the common shape, through the JSON tree otherwise.
 
 use std::sync::Arc;
 
@@ -155,6 +156,11 @@ fn finish<'b>(
 pub(super) fn decode_json(bytes: &&[u8]) -> Decoded {
     let refuse = |reason: String| (format!("json record: {reason}"), bytes.to_vec());
     let text = std::str::from_utf8(bytes).map_err(|e| refuse(format!("not UTF-8: {e}")))?;
+    // The common shape in one pass; anything else, and every refusal with its reason,
+    // comes from the general path below.
+    if let Some(fact) = crate::json::parse_fast(text) {
+        return Ok(fact);
+    }
     let json = JsonValue::parse(text).map_err(|e| refuse(e.to_string()))?;
     let spec = crate::json::spec_from_json(&json, "").map_err(|e| refuse(e.to_string()))?;
     // One record is one fact: predecessors by full hash, as the JSON form is written
