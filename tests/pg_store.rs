@@ -672,3 +672,31 @@ fn ingest_rate() {
         );
     }
 }
+
+/// A store remembers the facts it saw released, with their seqs. A database put back to
+/// an earlier state under it, as a restore of an older backup does, shows as a `seq`
+/// counter below what it remembers: it forgets them, and the facts the restore lost are
+/// written again, not taken for duplicates.
+#[test]
+fn a_database_put_back_under_a_store_loses_no_fact_pushed_again() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    let root = fact("Root", 0, &[]);
+    let leaves: Vec<_> = (0..400).map(|i| fact("Leaf", i, &[root.hash()])).collect();
+    let mut batch = vec![root.clone()];
+    batch.extend(leaves.iter().cloned());
+    assert_eq!(store.insert_batch(batch).unwrap().inserted, 401);
+    // The database as it was after the root alone.
+    db.psql(
+        "DELETE FROM edge WHERE successor > 1; DELETE FROM fact WHERE seq > 1;
+         UPDATE counter SET value = 1 WHERE name = 'seq'",
+    );
+    let r = store.insert_batch(leaves.clone()).unwrap();
+    assert_eq!((r.inserted, r.duplicates), (400, 0));
+    assert!(
+        leaves
+            .iter()
+            .all(|f| store.get(&f.hash()).unwrap().is_some())
+    );
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+}

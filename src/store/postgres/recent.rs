@@ -9,6 +9,10 @@
 //! is full, the older is dropped, so it holds the last `GENERATION` to `2 * GENERATION`
 //! facts it was given, a few MB at most.
 //!
+//! A database put back under a running store (a restore of an older backup) would make
+//! that untrue; it shows as a `seq` counter, read at every write lock, below the highest
+//! `seq` held here, and then everything held is forgotten ([`Recent::database_at`]).
+//!
 //! A large batch is first written on the guess that the facts it does not know of are
 //! new (`PgWrite::insert_many`), under a savepoint; if one was released after all, the
 //! write fails on the unique hash, the savepoint is rolled back, the batch is written
@@ -31,8 +35,16 @@ pub(super) const SKIP_AFTER_CONFLICT: u32 = 16;
 type Map = HashMap<FactHash, (i64, i64), BuildFactHasher>;
 
 #[derive(Default)]
+struct Generations {
+    new: Map,
+    old: Map,
+    /// The highest seq ever added.
+    highest: i64,
+}
+
+#[derive(Default)]
 pub(crate) struct Recent {
-    generations: Mutex<(Map, Map)>,
+    generations: Mutex<Generations>,
     /// Large batches still to write the careful way.
     skip: AtomicU32,
 }
@@ -47,7 +59,7 @@ impl Recent {
         let g = self.generations.lock().unwrap_or_else(|e| e.into_inner());
         let mut misses = Vec::new();
         for h in hashes {
-            match g.0.get(h).or_else(|| g.1.get(h)) {
+            match g.new.get(h).or_else(|| g.old.get(h)) {
                 Some(&at) => {
                     known.insert(*h, at);
                 }
@@ -61,10 +73,20 @@ impl Recent {
     pub(super) fn add(&self, facts: impl IntoIterator<Item = (FactHash, (i64, i64))>) {
         let mut g = self.generations.lock().unwrap_or_else(|e| e.into_inner());
         for (hash, at) in facts {
-            if g.0.len() >= GENERATION {
-                g.1 = std::mem::take(&mut g.0);
+            if g.new.len() >= GENERATION {
+                g.old = std::mem::take(&mut g.new);
             }
-            g.0.insert(hash, at);
+            g.new.insert(hash, at);
+            g.highest = g.highest.max(at.0);
+        }
+    }
+
+    /// The database's `seq` counter reads `seq` under the write lock: below a seq held
+    /// here, the database was put back under this store, and everything is forgotten.
+    pub(super) fn database_at(&self, seq: i64) {
+        let mut g = self.generations.lock().unwrap_or_else(|e| e.into_inner());
+        if seq < g.highest {
+            *g = Generations::default();
         }
     }
 
@@ -84,7 +106,7 @@ impl Recent {
     #[cfg(test)]
     fn len(&self) -> usize {
         let g = self.generations.lock().unwrap_or_else(|e| e.into_inner());
-        g.0.len() + g.1.len()
+        g.new.len() + g.old.len()
     }
 }
 
@@ -121,5 +143,20 @@ mod tests {
             assert!(!r.may_guess());
         }
         assert!(r.may_guess());
+    }
+
+    #[test]
+    fn a_counter_below_what_it_holds_empties_it() {
+        let r = Recent::default();
+        r.add((1..=10).map(|i| (hash(i), (i as i64, 1))));
+        r.database_at(10);
+        assert_eq!(r.len(), 10);
+        r.database_at(9);
+        assert_eq!(r.len(), 0);
+        let mut known = Map::default();
+        assert_eq!(r.lookup([hash(3)].iter(), &mut known), vec![hash(3)]);
+        r.add([(hash(3), (2, 1))]);
+        r.database_at(2);
+        assert_eq!(r.len(), 1);
     }
 }

@@ -250,6 +250,7 @@ impl<'a> PgWrite<'a> {
                 _ => {}
             }
         }
+        self.tx.backend.shared.recent.database_at(l.seq);
         self.locked = Some(l);
         self.at_lock = l;
         Ok(l)
