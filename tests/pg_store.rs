@@ -638,6 +638,11 @@ fn a_connection_dropped_mid_transaction_says_so_and_the_next_reconnects() {
     assert_eq!(store.seq_of(&a.hash()).unwrap(), None);
     assert_eq!(store.insert(&a).unwrap().released(), 1);
     assert_eq!(store.insert(&b).unwrap().released(), 1);
+    // A write whose `BEGIN` meets a cut connection begins again on a new one (a read
+    // did it for the inserts above).
+    db.psql(kill);
+    let c = fact("C", 1, &[]);
+    assert_eq!(store.insert(&c).unwrap().released(), 1);
     assert!(store.verify(|_| {}).unwrap().is_clean());
 }
 
