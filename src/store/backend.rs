@@ -790,6 +790,7 @@ impl HookRunner<'_> {
 
     /// A savepoint of the backend's own was opened: as [`super::Writer::savepoint`] tells
     /// the hooks.
+    #[cfg(feature = "postgres")]
     pub(crate) fn savepoint_opened(&mut self) {
         for hook in &self.store.options().release_hooks {
             hook.savepoint_opened(self.state);
@@ -798,6 +799,7 @@ impl HookRunner<'_> {
 
     /// The savepoint opened last by [`HookRunner::savepoint_opened`] was kept or rolled
     /// back.
+    #[cfg(feature = "postgres")]
     pub(crate) fn savepoint_closed(&mut self, rolled_back: bool) {
         for hook in &self.store.options().release_hooks {
             hook.savepoint_closed(self.state, rolled_back);
