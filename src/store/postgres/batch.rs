@@ -16,7 +16,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::read::hash_at;
-use super::write::PgWrite;
+use super::write::{Mark, PgWrite};
 use crate::dag::{self, BuildFactHasher};
 use crate::error::{Error, Result};
 use crate::fact::Fact;
@@ -231,7 +231,7 @@ impl PgWrite<'_> {
             self.guessing = false;
             let failed = std::mem::take(&mut self.guess_failed);
             if failed {
-                self.tx.backend.shared.recent.guess_failed();
+                recent.guess_failed();
                 self.back_to_guess(mark)?;
             }
             hooks.savepoint_closed(failed);
@@ -244,7 +244,7 @@ impl PgWrite<'_> {
 
     /// Opens the savepoint of a batch guessed new, releasing the last one; returns what
     /// rolling back to it restores.
-    fn open_guess(&mut self) -> Result<(Option<super::write::Locked>, usize)> {
+    fn open_guess(&mut self) -> Result<Mark> {
         if self.guess_open {
             self.tx
                 .simple("RELEASE SAVEPOINT precedent_guess; SAVEPOINT precedent_guess")?;
@@ -252,19 +252,15 @@ impl PgWrite<'_> {
             self.tx.simple("SAVEPOINT precedent_guess")?;
         }
         self.guess_open = true;
-        Ok((self.locked, self.released.len()))
+        Ok(self.mark())
     }
 
     /// Rolls back to the savepoint of a batch whose guess failed.
-    fn back_to_guess(
-        &mut self,
-        (locked, released): (Option<super::write::Locked>, usize),
-    ) -> Result<()> {
+    fn back_to_guess(&mut self, mark: Mark) -> Result<()> {
         self.tx
             .simple("ROLLBACK TO SAVEPOINT precedent_guess; RELEASE SAVEPOINT precedent_guess")?;
         self.guess_open = false;
-        self.locked = locked;
-        self.released.truncate(released);
+        self.back_to(mark);
         // Names made in the savepoint are gone with it.
         self.names.forget();
         Ok(())

@@ -33,6 +33,10 @@ pub(super) struct Locked {
     pub(super) seq: i64,
 }
 
+/// What rolling back to a savepoint restores: the counters (a lock taken inside it is
+/// given back with it) and how many facts the transaction had released.
+pub(super) type Mark = (Option<Locked>, usize);
+
 /// The write transaction of a PostgreSQL store.
 pub(crate) struct PgWrite<'a> {
     pub(super) tx: Tx<'a>,
@@ -41,9 +45,8 @@ pub(crate) struct PgWrite<'a> {
     pub(super) locked: Option<Locked>,
     /// The counters when the lock was taken, to write back only a change.
     pub(super) at_lock: Locked,
-    /// `locked` and `released.len()` at each open savepoint (rolling one back gives back
-    /// a lock taken in it and the facts released in it).
-    savepoints: Vec<(Option<Locked>, usize)>,
+    /// The mark of each open savepoint of the caller's.
+    savepoints: Vec<Mark>,
     /// The savepoint of a batch guessed new ([`PgWrite::insert_many`]) is open: it is
     /// released by the next one, by a savepoint of the caller's, or by the commit.
     pub(super) guess_open: bool,
@@ -118,7 +121,8 @@ impl WriteTx for PgWrite<'_> {
         } else {
             self.tx.simple("SAVEPOINT precedent")?;
         }
-        self.savepoints.push((self.locked, self.released.len()));
+        let mark = self.mark();
+        self.savepoints.push(mark);
         Ok(())
     }
 
@@ -134,11 +138,8 @@ impl WriteTx for PgWrite<'_> {
         self.tx
             .simple("ROLLBACK TO SAVEPOINT precedent; RELEASE SAVEPOINT precedent")?;
         self.guess_open = false;
-        if let Some((locked, released)) = self.savepoints.pop() {
-            // A lock taken inside the savepoint was given back with it, and the facts
-            // released in it are not.
-            self.locked = locked;
-            self.released.truncate(released);
+        if let Some(mark) = self.savepoints.pop() {
+            self.back_to(mark);
         }
         self.names.forget();
         self.assumed.clear();
@@ -254,6 +255,18 @@ impl<'a> PgWrite<'a> {
         self.locked = Some(l);
         self.at_lock = l;
         Ok(l)
+    }
+
+    /// Where the transaction stands, for a savepoint opened now.
+    pub(super) fn mark(&self) -> Mark {
+        (self.locked, self.released.len())
+    }
+
+    /// What rolling back to the savepoint of `mark` undid, undone here too: the counters
+    /// and the releases since.
+    pub(super) fn back_to(&mut self, (locked, released): Mark) {
+        self.locked = locked;
+        self.released.truncate(released);
     }
 
     pub(super) fn counters(&mut self) -> &mut Locked {
