@@ -550,19 +550,24 @@ fn sequence_numbers_follow_commit_order() {
     assert!(store.verify(|_| {}).unwrap().is_clean());
 }
 
+/// A store on `db` that waits 200 ms for the write lock.
+fn impatient(db: &PgDb) -> Store {
+    open_with(
+        db,
+        StoreOptions {
+            busy_timeout: Duration::from_millis(200),
+            ..StoreOptions::default()
+        },
+    )
+}
+
 /// A writer waiting for another's lock past the busy timeout fails as busy, having
 /// written nothing; the same insert succeeds once the lock is free.
 #[test]
 fn a_writer_held_off_past_the_busy_timeout_is_busy() {
     let Some(db) = pg::db() else { return };
     let holder = open(&db);
-    let waiter = open_with(
-        &db,
-        StoreOptions {
-            busy_timeout: Duration::from_millis(200),
-            ..StoreOptions::default()
-        },
-    );
+    let waiter = impatient(&db);
     let late = fact("Late", 1, &[]);
     holder
         .write(|w| {
@@ -570,6 +575,29 @@ fn a_writer_held_off_past_the_busy_timeout_is_busy() {
             let err = waiter.insert(&late).unwrap_err();
             assert!(err.is_busy(), "{err}");
             assert!(err.to_string().contains("busy timeout"), "{err}");
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(waiter.insert(&late).unwrap().released(), 1);
+    assert_eq!(waiter.seq_of(&late.hash()).unwrap(), Some(2));
+}
+
+/// A write transaction reads the highest seq under the write lock, taking it: a push
+/// tells the facts it releases from those there before by that number, which another
+/// writer committing in between would blur. Other writers wait for it meanwhile.
+#[test]
+fn the_highest_seq_read_in_a_write_is_read_under_the_write_lock() {
+    let Some(db) = pg::db() else { return };
+    let holder = open(&db);
+    let waiter = impatient(&db);
+    holder.insert(&fact("Before", 1, &[])).unwrap();
+    let late = fact("Late", 1, &[]);
+    holder
+        .write(|w| {
+            assert_eq!(w.max_seq()?, 1);
+            let err = waiter.insert(&late).unwrap_err();
+            assert!(err.is_busy(), "{err}");
+            assert_eq!(w.max_seq()?, 1);
             Ok(())
         })
         .unwrap();

@@ -295,7 +295,7 @@ impl PgWrite<'_> {
             let mut one = self.insert_in_batch(fact, &mut b, hooks);
             b.left -= 1;
             if one.is_ok() && (b.one_by_one || b.run.len() >= RUN) {
-                one = self.flush(&mut b.run, hooks).and(one);
+                one = self.flush(&mut b.run, b.one_by_one, hooks).and(one);
             }
             outcome = tally(&mut report, one);
             if outcome.is_err() {
@@ -316,7 +316,7 @@ impl PgWrite<'_> {
         b: &mut Batch,
         hooks: &mut HookRunner<'_>,
     ) -> Result<()> {
-        self.flush(&mut b.run, hooks)?;
+        self.flush(&mut b.run, b.one_by_one, hooks)?;
         self.flush_held(&mut b.held)
     }
 
@@ -487,8 +487,16 @@ impl PgWrite<'_> {
     }
 
     /// Writes `run`'s facts and edges in one statement, then calls the release hooks for
-    /// each, in order.
-    pub(super) fn flush(&mut self, run: &mut Run, hooks: &mut HookRunner<'_>) -> Result<()> {
+    /// each, in order: unless `hooked` is false, when every hook was
+    /// [`crate::store::ReleaseHook::idle`] as the batch began, which says a hook does
+    /// nothing for any fact the batch releases (a push of 1,000 facts spent about 50 µs
+    /// on the calls).
+    pub(super) fn flush(
+        &mut self,
+        run: &mut Run,
+        hooked: bool,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<()> {
         if run.facts.is_empty() {
             return Ok(());
         }
@@ -511,6 +519,10 @@ impl PgWrite<'_> {
                     ),
                 },
             });
+        }
+        if !hooked {
+            run.clear();
+            return Ok(());
         }
         let mut start = 0;
         for (i, fact) in run.facts.iter().enumerate() {
@@ -554,7 +566,7 @@ impl PgWrite<'_> {
         }
         // Read under the write lock: those numbered before it are committed, true for
         // good; the others this transaction released, and it may yet roll back.
-        let committed = self.at_lock.seq;
+        let committed = self.at_lock.get().seq;
         recent.add(
             found
                 .iter()

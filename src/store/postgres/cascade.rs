@@ -116,11 +116,11 @@ impl PgWrite<'_> {
                 released += 1;
                 stack.push((hash, at, Some(waiter)));
                 if b.run.len() >= RUN {
-                    self.flush(&mut b.run, hooks)?;
+                    self.flush(&mut b.run, b.one_by_one, hooks)?;
                 }
             }
         }
-        self.flush(&mut b.run, hooks)?;
+        self.flush(&mut b.run, b.one_by_one, hooks)?;
         self.write_used(used)?;
         Ok(released)
     }

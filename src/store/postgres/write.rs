@@ -2,13 +2,15 @@
 //! and releasing them (cascading) in the transaction that completes their ancestry; the
 //! same steps as the SQLite backend's, under the write lock.
 //!
-//! The transaction runs READ COMMITTED. Before its first fact insert or held-set change
-//! it takes the advisory lock [`super::WRITE_LOCK`] (to its commit) and reads the `held`
-//! and `seq` counters: every statement after it sees every write committed before, so
+//! The transaction runs READ COMMITTED. Before its first fact insert or held-set change,
+//! or when it first reads the highest seq, it takes the advisory lock
+//! [`super::WRITE_LOCK`] (to its commit) and reads the `held` and `seq` counters: every
+//! statement after it sees every write committed before, so
 //! "is this predecessor released?" and "who waits for this fact?" are answered for the
 //! one writer at a time, and release numbers continue the last committed one. A
 //! transaction that writes only client tables (a queue claim) never takes it.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use super::conn::Tx;
@@ -41,10 +43,11 @@ pub(super) type Mark = (Option<Locked>, usize);
 pub(crate) struct PgWrite<'a> {
     pub(super) tx: Tx<'a>,
     pub(super) names: Fresh,
-    /// The counters under the write lock, once it is taken.
-    pub(super) locked: Option<Locked>,
+    /// The counters under the write lock, once it is taken (a cell: reading the highest
+    /// seq takes the lock, through a shared reference).
+    pub(super) locked: Cell<Option<Locked>>,
     /// The counters when the lock was taken, to write back only a change.
-    pub(super) at_lock: Locked,
+    pub(super) at_lock: Cell<Locked>,
     /// The mark of each open savepoint of the caller's.
     savepoints: Vec<Mark>,
     /// The savepoint of a batch guessed new ([`PgWrite::insert_many`]) is open: it is
@@ -72,19 +75,19 @@ impl ReadTx for PgWrite<'_> {
     crate::store::shared::forward_to_tx!(reads);
 
     fn held_count(&self) -> Result<u64> {
-        match self.locked {
+        match self.locked.get() {
             Some(l) => Ok(l.held as u64),
             None => self.tx.held_count(),
         }
     }
 
     /// Under the write lock the counter read with it, plus what this transaction
-    /// released, is the highest seq: no round trip.
+    /// released, is the highest seq: no round trip. Before it, the lock is taken: a write
+    /// transaction asks for the highest seq to tell what it then writes from what was
+    /// there (a push, a pull), which only the lock keeps apart, and it takes the lock
+    /// to write anyway; on SQLite a write transaction holds the one writer from its start.
     fn last_seq(&self) -> Result<i64> {
-        match self.locked {
-            Some(l) => Ok(l.seq),
-            None => self.tx.last_seq(),
-        }
+        Ok(self.lock()?.seq)
     }
 }
 
@@ -175,7 +178,8 @@ impl WriteTx for PgWrite<'_> {
     fn commit(mut self: Box<Self>) -> Result<()> {
         // The counters, the notice and the `COMMIT` in one round trip: numbers and the
         // channel's fixed name written into the text (a simple query takes no parameters).
-        if let Some(now) = self.locked.filter(|now| now.seq != self.at_lock.seq) {
+        let at_lock = self.at_lock.get();
+        if let Some(now) = self.locked.get().filter(|now| now.seq != at_lock.seq) {
             // Facts were released: both counters (`held` rewritten only if it changed)
             // and the notice. The notice is delivered at the commit, in commit order, to
             // every store listening on this database (`notify.rs`); nothing if the
@@ -187,7 +191,7 @@ impl WriteTx for PgWrite<'_> {
                  SELECT pg_notify('{}', '{seq}')",
                 crate::store::NOTIFY_CHANNEL
             ))?;
-        } else if let Some(now) = self.locked.filter(|now| now.held != self.at_lock.held) {
+        } else if let Some(now) = self.locked.get().filter(|now| now.held != at_lock.held) {
             self.tx.finish_after(&format!(
                 "UPDATE counter SET value = {} WHERE name = 'held'",
                 now.held
@@ -210,8 +214,8 @@ impl<'a> PgWrite<'a> {
         Ok(PgWrite {
             tx: Tx::begin(backend, "BEGIN ISOLATION LEVEL READ COMMITTED")?,
             names: Fresh::default(),
-            locked: None,
-            at_lock: Locked::default(),
+            locked: Cell::new(None),
+            at_lock: Cell::new(Locked::default()),
             savepoints: Vec::new(),
             guess_open: false,
             guessing: false,
@@ -225,8 +229,8 @@ impl<'a> PgWrite<'a> {
 
     /// Takes the write lock, if this transaction has not, and reads the counters it
     /// guards. Waits up to the busy timeout (`lock_timeout`), then fails as busy.
-    pub(super) fn lock(&mut self) -> Result<Locked> {
-        if let Some(l) = self.locked {
+    pub(super) fn lock(&self) -> Result<Locked> {
+        if let Some(l) = self.locked.get() {
             return Ok(l);
         }
         // The counters in a statement of their own, so that their snapshot is taken
@@ -252,25 +256,28 @@ impl<'a> PgWrite<'a> {
             }
         }
         self.tx.backend.shared.recent.database_at(l.seq);
-        self.locked = Some(l);
-        self.at_lock = l;
+        self.locked.set(Some(l));
+        self.at_lock.set(l);
         Ok(l)
     }
 
     /// Where the transaction stands, for a savepoint opened now.
     pub(super) fn mark(&self) -> Mark {
-        (self.locked, self.released.len())
+        (self.locked.get(), self.released.len())
     }
 
     /// What rolling back to the savepoint of `mark` undid, undone here too: the counters
     /// and the releases since.
     pub(super) fn back_to(&mut self, (locked, released): Mark) {
-        self.locked = locked;
+        self.locked.set(locked);
         self.released.truncate(released);
     }
 
     pub(super) fn counters(&mut self) -> &mut Locked {
-        self.locked.as_mut().expect("the write lock is taken first")
+        self.locked
+            .get_mut()
+            .as_mut()
+            .expect("the write lock is taken first")
     }
 
     pub(super) fn add_held(&mut self, n: i64) {

@@ -114,7 +114,15 @@ fn split_array(b: &[u8]) -> Result<Vec<&[u8]>, (usize, &'static str)> {
                     _ if escaped => escaped = false,
                     b'\\' => escaped = true,
                     b'"' => in_string = false,
-                    _ => {}
+                    // To the string's next quote or backslash at once: most of a
+                    // record's bytes are inside its strings.
+                    _ => match memchr::memchr2(b'"', b'\\', &b[i..]) {
+                        Some(k) => {
+                            i += k;
+                            continue;
+                        }
+                        None => return Err((b.len(), "the array does not end")),
+                    },
                 }
             } else {
                 match c {
@@ -258,6 +266,13 @@ mod tests {
                 &b"3"[..],
                 &br#""s""#[..]
             ]
+        );
+        // Strings that end in an escaped backslash, hold only escapes, or an escaped quote
+        // before a bracket.
+        let body = br#"["a\\", "\\\"", "b\"]"]"#;
+        assert_eq!(
+            split_array(body).unwrap(),
+            vec![&br#""a\\""#[..], &br#""\\\"""#[..], &br#""b\"]""#[..]]
         );
         assert_eq!(split_array(b"[]").unwrap(), Vec::<&[u8]>::new());
         assert!(matches!(split_array(b"{}"), Err((0, _))));

@@ -174,7 +174,7 @@ fn store_records<T: Sync>(
     let result = ingest::in_order(records, app.decode_threads, decode, |facts| {
         app.store.write(|w| {
             inc(&app.metrics.facts_received, records.len() as u64);
-            let mut push = Push::new(w.max_seq()?);
+            let mut push = Push::default();
             let mut chunk = Vec::with_capacity(CHUNK.min(records.len()));
             for (index, fact) in facts.enumerate() {
                 match fact {
@@ -229,9 +229,11 @@ fn forbidden_type(g: &Grant, f: &Fact) -> Failure {
 }
 
 /// What a push has done so far inside its transaction.
+#[derive(Default)]
 struct Push {
-    /// The highest `seq` before the push.
-    before: i64,
+    /// The highest `seq` before the push, read (taking the write lock) just before its
+    /// first facts are stored: not while the body is still decoding.
+    before: Option<i64>,
     /// Every valid fact of the body, in body order.
     hashes: Vec<FactHash>,
     rejected: Vec<Rejected>,
@@ -240,19 +242,12 @@ struct Push {
 }
 
 impl Push {
-    fn new(before: i64) -> Push {
-        Push {
-            before,
-            hashes: Vec::new(),
-            rejected: Vec::new(),
-            total: BatchReport::default(),
-            chunks: 0,
-        }
-    }
-
     fn insert(&mut self, w: &mut Writer<'_>, chunk: Vec<Fact>) -> crate::Result<()> {
         if chunk.is_empty() {
             return Ok(());
+        }
+        if self.before.is_none() {
+            self.before = Some(w.max_seq()?);
         }
         self.chunks += 1;
         let batch = w.insert_batch(chunk)?;
@@ -279,18 +274,22 @@ impl Push {
                 });
             }
         }
-        let after = w.max_seq()?;
-        let new = (after - self.before) as u64;
+        // Nothing stored (every record refused, or none): nothing released.
+        let (before, after) = match self.before {
+            Some(before) => (before, w.max_seq()?),
+            None => (0, 0),
+        };
+        let new = (after - before) as u64;
         let seqs = if new == total.inserted && total.released == total.inserted {
             // Nothing but the body's own facts was released: one range.
             if new > 0 {
-                vec![(self.before + 1, after)]
+                vec![(before + 1, after)]
             } else {
                 Vec::new()
             }
         } else {
             let body: HashSet<FactHash> = self.hashes.iter().copied().collect();
-            let (seqs, of_body) = body_ranges(w, self.before, &body)?;
+            let (seqs, of_body) = body_ranges(w, before, &body)?;
             if self.chunks > 1 {
                 // A fact held by one chunk and released by a later one was new: count it
                 // as a single batch would have, released on arrival and not held.
