@@ -937,4 +937,75 @@ mod on_a_store {
         assert_eq!(scoped.peers().unwrap().len(), 1);
         server.stop().unwrap();
     }
+
+    /// A queue declared while another store on the database pushes facts of its input
+    /// type gets each of them as an input: the declaration and the releases take turns
+    /// at the write lock, so a release either sees the declaration or is seen by its
+    /// back-fill.
+    #[test]
+    fn a_queue_declared_during_pushes_gets_every_input() {
+        use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+        let Some(db) = pg::db() else { return };
+        // The writer waits for the declaration's back-fill, which may take seconds.
+        let patient = StoreOptions {
+            busy_timeout: std::time::Duration::from_secs(120),
+            ..StoreOptions::default()
+        };
+        let writer = Store::open_postgres(&db.url, patient).unwrap();
+        let declarer = Store::open_postgres(&db.url, StoreOptions::default()).unwrap();
+        let (stop, pushed) = (AtomicBool::new(false), AtomicI64::new(0));
+        let before = std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let n = pushed.load(Ordering::Relaxed);
+                    writer
+                        .insert_batch((n..n + 500).map(plain_order).collect())
+                        .unwrap();
+                    pushed.store(n + 500, Ordering::Relaxed);
+                }
+            });
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let before = pushed.load(Ordering::Relaxed);
+            ship_queue(&declarer, 3);
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            stop.store(true, Ordering::Relaxed);
+            before
+        });
+        let pushed = pushed.load(Ordering::Relaxed);
+        assert!(
+            before > 0 && pushed > before,
+            "orders pushed before ({before}) and during or after ({pushed}) the declaration"
+        );
+        let stats = declarer.queue_stats("ship").unwrap();
+        assert_eq!(stats.ready as i64, pushed, "every order is an input");
+    }
+
+    /// A queue dropped while another store on the database pushes facts of its input type
+    /// leaves no item behind: a release that indexed an input for it came before the
+    /// drop, which deletes the item.
+    #[test]
+    fn a_queue_dropped_during_pushes_leaves_no_item() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let Some(db) = pg::db() else { return };
+        let writer = Store::open_postgres(&db.url, StoreOptions::default()).unwrap();
+        let dropper = Store::open_postgres(&db.url, StoreOptions::default()).unwrap();
+        ship_queue(&dropper, 3);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    writer
+                        .insert_batch((n..n + 500).map(plain_order).collect())
+                        .unwrap();
+                    n += 500;
+                }
+            });
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            dropper.drop_queue("ship").unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert_eq!(db.psql("SELECT count(*) FROM queue_item"), "0");
+    }
 }

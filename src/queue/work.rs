@@ -722,7 +722,10 @@ fn input_of(r: &dyn ReadTx, id: i64, hash: &FactHash) -> Result<Option<FactHash>
 impl Store {
     /// Declares a queue, or changes an existing one's policy. A new queue, or one whose
     /// input type, scope or completion rules change, is back-filled: every stored fact
-    /// that is an unfinished input is indexed, in release order.
+    /// that is an unfinished input is indexed, in release order. It holds the store's
+    /// write lock throughout, so writers in other processes wait for the back-fill (up
+    /// to their busy timeout) and every fact they release is either back-filled or an
+    /// input of its own transaction.
     ///
     /// # Errors
     /// [`Error::Queue`] for an invalid spec; [`Error::Backend`].
@@ -732,6 +735,13 @@ impl Store {
             reason,
         })?;
         self.write(|w| {
+            // First the write lock (reading the highest seq takes it on PostgreSQL; on
+            // SQLite a write transaction holds the one writer from its start): writers
+            // releasing facts wait for this declaration, so each release either comes
+            // before it and is back-filled, or after it and sees the queue. Without it,
+            // facts released by another process while the back-fill ran were in
+            // neither.
+            w.sql().last_seq()?;
             let defs = w.queue_defs()?;
             let old = defs.by_name(&spec.name);
             // A plain re-declaration keeps the limit a `from now` declaration set.
@@ -801,6 +811,9 @@ impl Store {
     pub fn drop_queue(&self, name: &str) -> Result<()> {
         self.write(|w| {
             let tx = w.sql();
+            // The write lock first, as for a declaration: a release either comes before
+            // and its items are deleted here, or after and does not see the queue.
+            tx.last_seq()?;
             let id: i64 = tx
                 .query_opt("SELECT id FROM queue WHERE name = ?1", args![name], |r| {
                     r.get(0)

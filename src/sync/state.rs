@@ -559,7 +559,9 @@ impl Writer<'_> {
         peer(self.sql(), url)
     }
 
-    /// The highest release sequence as seen by this transaction.
+    /// The highest release sequence as seen by this transaction, read under the write
+    /// lock, which the transaction holds from then on (on SQLite from its start): no
+    /// other writer releases a fact before this transaction ends.
     ///
     /// # Errors
     /// [`Error::Backend`].
