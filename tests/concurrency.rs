@@ -1,10 +1,15 @@
 //! One store shared by threads: reads beside an open write, writers waiting for each other
-//! up to the busy timeout, and transactions that end when a closure panics.
+//! up to the busy timeout, and transactions that end when a closure panics; and, on both
+//! backends, a queue declared or dropped while another store on the database writes.
 
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use precedent::queue::{Completion, QueueSpec};
 use precedent::{Fact, Store, StoreOptions};
 
 fn fact(n: i64) -> Fact {
@@ -212,4 +217,91 @@ fn a_watch_poll_does_not_wait_for_an_open_write() {
     let mut watch = poller.join().unwrap();
     assert_eq!(watch.poll(&store).unwrap().len(), 1);
     assert_eq!(watch.results().len(), 2);
+}
+
+fn ship_queue(store: &Store) {
+    let done = Completion {
+        type_name: "Shipment".into(),
+        role: "order".into(),
+    };
+    store
+        .declare_queue(&QueueSpec::new("ship", "Order", vec![done]))
+        .unwrap();
+}
+
+/// A store on `db` that waits up to two minutes for the write lock: a writer waiting
+/// out a declaration's back-fill, which may take seconds.
+fn patient(db: &common::backend::TestDb) -> Store {
+    db.store_with(StoreOptions {
+        busy_timeout: Duration::from_secs(120),
+        ..StoreOptions::default()
+    })
+}
+
+fn plain_order(id: i64) -> Fact {
+    Fact::builder("Order").field("id", id).build().unwrap()
+}
+
+/// Pushes batches of 500 orders into `writer` on a thread of its own while `meanwhile`
+/// runs, from 100 ms after the first batch is in to 200 ms after `meanwhile` returns;
+/// returns how many orders were pushed before `meanwhile` began, and in all.
+fn pushing_while(writer: &Store, meanwhile: impl FnOnce()) -> (i64, i64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (stop, pushed) = (AtomicBool::new(false), AtomicI64::new(0));
+    let before = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Relaxed) {
+                let n = pushed.load(Relaxed);
+                writer
+                    .insert_batch((n..n + 500).map(plain_order).collect())
+                    .unwrap();
+                pushed.store(n + 500, Relaxed);
+            }
+        });
+        // The first batch in, and then some (bounded: 60 s).
+        for _ in 0..6_000 {
+            if pushed.load(Relaxed) > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let before = pushed.load(Relaxed);
+        meanwhile();
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Relaxed);
+        before
+    });
+    (before, pushed.load(Relaxed))
+}
+
+conformance! {
+    /// A queue declared while another store on the database pushes facts of its input
+    /// type gets each of them as an input: the declaration and the releases take turns
+    /// at the write lock, so a release either is seen by the back-fill or sees the queue.
+    fn a_queue_declared_during_pushes_gets_every_input(b: Backend) {
+        let db = b.db();
+        let writer = patient(&db);
+        let declarer = db.store();
+        let (before, pushed) = pushing_while(&writer, || ship_queue(&declarer));
+        assert!(
+            before > 0 && pushed > before,
+            "orders pushed before ({before}) and during or after ({pushed}) the declaration"
+        );
+        let stats = declarer.queue_stats("ship").unwrap();
+        assert_eq!(stats.ready as i64, pushed, "every order is an input");
+    }
+
+    /// A queue dropped while another store on the database pushes facts of its input type
+    /// leaves no item behind: a release that indexed an input for it came before the
+    /// drop, which deletes the item.
+    fn a_queue_dropped_during_pushes_leaves_no_item(b: Backend) {
+        let db = b.db();
+        let writer = patient(&db);
+        let dropper = db.store();
+        ship_queue(&dropper);
+        let (before, pushed) = pushing_while(&writer, || dropper.drop_queue("ship").unwrap());
+        assert!(before > 0 && pushed > before, "pushed {before}, then {pushed}");
+        assert_eq!(db.query_i64("SELECT count(*) FROM queue_item"), 0);
+    }
 }
