@@ -735,13 +735,11 @@ impl Store {
             reason,
         })?;
         self.write(|w| {
-            // First the write lock (reading the highest seq takes it on PostgreSQL; on
-            // SQLite a write transaction holds the one writer from its start): writers
-            // releasing facts wait for this declaration, so each release either comes
-            // before it and is back-filled, or after it and sees the queue. Without it,
-            // facts released by another process while the back-fill ran were in
-            // neither.
-            w.sql().last_seq()?;
+            // A release reads in its own transaction whether there are queues: under the
+            // write lock it comes wholly before this declaration (and is back-filled) or
+            // after it (and sees the queue). Without it, facts released by another
+            // process while the back-fill ran were in neither.
+            w.lock_writers()?;
             let defs = w.queue_defs()?;
             let old = defs.by_name(&spec.name);
             // A plain re-declaration keeps the limit a `from now` declaration set.
@@ -810,10 +808,10 @@ impl Store {
     /// [`Error::UnknownQueue`].
     pub fn drop_queue(&self, name: &str) -> Result<()> {
         self.write(|w| {
+            // As for a declaration: a release comes wholly before (its items are deleted
+            // here) or after (it does not see the queue).
+            w.lock_writers()?;
             let tx = w.sql();
-            // The write lock first, as for a declaration: a release either comes before
-            // and its items are deleted here, or after and does not see the queue.
-            tx.last_seq()?;
             let id: i64 = tx
                 .query_opt("SELECT id FROM queue WHERE name = ?1", args![name], |r| {
                     r.get(0)

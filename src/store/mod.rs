@@ -766,6 +766,14 @@ impl<'a> Writer<'a> {
         self.store
     }
 
+    /// Takes the store's write lock now, if this transaction has not: from here on no
+    /// other writer releases a fact before this transaction ends. SQLite's write
+    /// transaction holds the one writer from its start; PostgreSQL's takes its lock as
+    /// reading the highest seq does (`ReadTx::last_seq` on a write transaction).
+    pub(crate) fn lock_writers(&self) -> Result<()> {
+        self.sql().last_seq().map(drop)
+    }
+
     /// The store's clock, in milliseconds since the Unix epoch.
     pub fn now_ms(&self) -> i64 {
         self.store.options.clock.now_ms()

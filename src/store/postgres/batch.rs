@@ -9,9 +9,10 @@
 //! batch is then walked in parents-first order as the one-fact path walks it, giving
 //! sequence numbers in Rust: each fact whose predecessors are all released joins a
 //! pending run, written with its edges by one statement ([`Run::flush`]) before anything
-//! else touches the database (a hold, a cascade) and at the end, and only then hooked,
-//! in order. A hook that is not [`crate::store::ReleaseHook::idle`] gets each fact
-//! written and hooked before the next, as the one-fact path does.
+//! else touches the database (a hold, a cascade) and at the end. Hooks that were all
+//! [`crate::store::ReleaseHook::idle`] as the batch began are not called for its facts
+//! (idle says they would do nothing); a hook that is not gets each fact written and
+//! hooked before the next, as the one-fact path does.
 
 use std::collections::{HashMap, HashSet};
 
