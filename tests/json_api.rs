@@ -437,3 +437,134 @@ conformance! {
         assert!(v["next"].is_null());
     }
 }
+
+/// `n` orders of `s`, with ids from `from`.
+fn orders(s: &Fact, from: i64, n: i64) -> Vec<Fact> {
+    (from..from + n).map(|i| order(s, "id", i)).collect()
+}
+
+/// Asserts that each of `facts` is released after each of its predecessors.
+fn parents_first(store: &precedent::Store, facts: &[Fact]) {
+    for f in facts {
+        let seq = store.seq_of(&f.hash()).unwrap().expect("released");
+        for p in f.predecessor_hashes() {
+            let before = store.seq_of(&p).unwrap().expect("its predecessor released");
+            assert!(
+                before < seq,
+                "{} at {seq} after its predecessor at {before}",
+                f.hash()
+            );
+        }
+    }
+}
+
+// Pushes of at least 256 facts, which PostgreSQL stores as they are decoded
+// (src/store/postgres/stream.rs): what cannot be written without a look-up (a new type,
+// a child before its parent, a missing ancestor) is written after the stream, and a fact
+// stored meanwhile by another process fails the stream, which is then written again.
+conformance! {
+    fn a_large_push_in_any_order_is_stored_as_one_batch(backend: Backend) {
+        let a = Node::on(backend);
+        let server = a.serve();
+        let s = shop("corner");
+        let mut first = vec![s.clone()];
+        first.extend(orders(&s, 0, 299));
+        let (status, r) = post_json(&server, JSON_CT, &array(&first), None);
+        assert_eq!((status, r["inserted"].as_u64()), (200, Some(300)), "{r}");
+
+        let new_orders = orders(&s, 1000, 100);
+        let late_orders = orders(&s, 2000, 50);
+        let refunds: Vec<Fact> = first[1..21]
+            .iter()
+            .map(|o| {
+                Fact::builder("Shop.Refund")
+                    .field("amount", 1)
+                    .predecessor("order", o.hash())
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let ghost = shop("ghost");
+        let orphans = orders(&ghost, 0, 5);
+        let mut body: Vec<Fact> = new_orders[..50].to_vec();
+        // Children before their parents.
+        body.extend(late_orders.iter().map(shipment));
+        // Stored by the first push.
+        body.extend(first[100..150].iter().cloned());
+        // A type the store has not seen.
+        body.extend(refunds.iter().cloned());
+        // Their shop is missing.
+        body.extend(orphans.iter().cloned());
+        body.extend(new_orders[50..].iter().cloned());
+        body.extend(late_orders.iter().cloned());
+        // Twice in the body.
+        body.extend(new_orders[..10].iter().cloned());
+        let (status, r) = post_json(&server, JSON_CT, &array(&body), None);
+        assert_eq!(status, 200, "{r}");
+        let counts = ["received", "inserted", "duplicates", "held", "released"]
+            .map(|k| r[k].as_u64().unwrap());
+        assert_eq!(counts, [285, 220, 60, 5, 220], "{r}");
+        assert_eq!(r["missing"], json!([ghost.hash().to_string()]));
+        assert_eq!(r["seqs"], json!([[301, 520]]), "{r}");
+        let store = a.store();
+        assert_eq!((store.max_seq().unwrap(), store.held_count().unwrap()), (520, 5));
+        let released: Vec<Fact> = body.iter().filter(|f| !orphans.contains(f)).cloned().collect();
+        parents_first(&store, &released);
+        // With their edges: the shop's orders, each order's shipment and refunds.
+        let of_shop = store.successors(&s.hash(), Some("shop"), Some("Shop.Order")).unwrap();
+        assert_eq!(of_shop.len(), 299 + 100 + 50);
+        for o in &late_orders {
+            assert_eq!(store.successors(&o.hash(), None, None).unwrap(), vec![shipment(o)]);
+        }
+        for (o, refund) in first[1..21].iter().zip(&refunds) {
+            assert_eq!(store.successors(&o.hash(), Some("order"), None).unwrap(), vec![refund.clone()]);
+        }
+        // The missing shop releases the five.
+        let (status, r) = post_json(&server, JSON_CT, &array(&[ghost]), None);
+        assert_eq!((status, r["released"].as_u64()), (200, Some(6)), "{r}");
+        parents_first(&store, &orphans);
+    }
+
+    fn a_large_push_of_facts_another_process_stored_counts_them_once(backend: Backend) {
+        let a = Node::on(backend);
+        let server = a.serve();
+        let s = shop("corner");
+        let (status, _) = post_json(&server, JSON_CT, &array(&[s.clone(), order(&s, "id", -1)]), None);
+        assert_eq!(status, 200);
+        // Stored past the server, which has not seen them.
+        let elsewhere = orders(&s, 500, 30);
+        a.store().insert_batch(elsewhere.clone()).unwrap();
+        let mut body = orders(&s, 0, 300);
+        for (k, f) in elsewhere.iter().enumerate() {
+            body.insert(k * 10 + 5, f.clone());
+        }
+        for round in 0..2 {
+            let (status, r) = post_json(&server, JSON_CT, &array(&body), None);
+            assert_eq!(status, 200, "{r}");
+            let counts = ["received", "inserted", "duplicates"].map(|k| r[k].as_u64().unwrap());
+            let expected = if round == 0 { [330, 300, 30] } else { [330, 0, 330] };
+            assert_eq!(counts, expected, "round {round}: {r}");
+            if round == 0 {
+                assert_eq!(r["seqs"], json!([[33, 332]]), "{r}");
+            }
+        }
+        let store = a.store();
+        assert_eq!(store.max_seq().unwrap(), 332);
+        parents_first(&store, &body);
+    }
+
+    fn a_forbidden_type_late_in_a_large_push_stores_none_of_it(backend: Backend) {
+        let a = Node::on(backend);
+        let server = a.serve_with(|c| c.tokens = tokens());
+        let (status, _) = post_json(&server, JSON_CT, &array(&[shop("first")]), Some("s-secret"));
+        assert_eq!(status, 200);
+        let mut body: Vec<Fact> = (0..300).map(|i| shop(&format!("shop {i}"))).collect();
+        body.push(order(&body[0], "id", 1));
+        let (status, err) = post_json(&server, JSON_CT, &array(&body), Some("s-secret"));
+        assert_eq!((status, err["error"].as_str()), (403, Some("forbidden_type")), "{err}");
+        assert_eq!(a.store().max_seq().unwrap(), 1, "refused pushes store nothing");
+        body.pop();
+        let (status, r) = post_json(&server, JSON_CT, &array(&body), Some("s-secret"));
+        assert_eq!((status, r["inserted"].as_u64()), (200, Some(300)), "{r}");
+    }
+}

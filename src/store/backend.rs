@@ -675,6 +675,23 @@ pub trait WriteTx: ReadTx {
     fn insert_batch(&mut self, facts: Vec<Fact>, hooks: &mut HookRunner<'_>)
     -> Result<BatchReport>;
 
+    /// Inserts the facts `facts` yields as [`WriteTx::insert_batch`] inserts them
+    /// collected; `hint` is about how many it will yield. A backend may store the first
+    /// while the last are still being made (on PostgreSQL, by a `COPY` fed as they come);
+    /// by default they are collected first.
+    ///
+    /// # Errors
+    /// As [`WriteTx::insert_batch`].
+    fn insert_streamed(
+        &mut self,
+        facts: &mut dyn Iterator<Item = Fact>,
+        hint: usize,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<BatchReport> {
+        let _ = hint;
+        self.insert_batch(facts.collect(), hooks)
+    }
+
     /// Drops the held facts `hashes` and every held fact waiting for one of them,
     /// directly or through other held facts, with their wait records; returns the hashes
     /// dropped, `hashes` first. Released facts are never dropped.

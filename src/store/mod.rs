@@ -705,6 +705,25 @@ impl<'a> Writer<'a> {
         Ok(report)
     }
 
+    /// [`Writer::insert_batch`] of the facts `facts` yields, about `hint` of them: a
+    /// backend may store the first while the last are still being made (a push's facts
+    /// as they are decoded).
+    #[cfg(feature = "server")]
+    pub(crate) fn insert_streamed(
+        &mut self,
+        facts: &mut dyn Iterator<Item = Fact>,
+        hint: usize,
+    ) -> Result<BatchReport> {
+        let report = self.tx.insert_streamed(
+            facts,
+            hint,
+            &mut runner(self.store, &mut self.state, &mut self.later),
+        )?;
+        self.state.get::<HeldHere>().in_batches += report.held;
+        self.insert_later()?;
+        Ok(report)
+    }
+
     /// Inserts what release hooks asked for, and what those inserts ask for in turn.
     fn insert_later(&mut self) -> Result<()> {
         while !self.later.is_empty() {

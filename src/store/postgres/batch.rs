@@ -219,6 +219,16 @@ impl PgWrite<'_> {
         hooks: &mut HookRunner<'_>,
     ) -> Result<BatchReport> {
         let one_by_one = !hooks.idle(&*self)?;
+        self.insert_many_idle(facts, hooks, one_by_one)
+    }
+
+    /// [`PgWrite::insert_many`], the hooks found idle or not (`one_by_one`).
+    pub(super) fn insert_many_idle(
+        &mut self,
+        facts: Vec<Fact>,
+        hooks: &mut HookRunner<'_>,
+        one_by_one: bool,
+    ) -> Result<BatchReport> {
         let recent = &self.tx.backend.shared.recent;
         if facts.len() >= GUESS_FROM
             && !one_by_one
@@ -245,7 +255,7 @@ impl PgWrite<'_> {
 
     /// Opens the savepoint of a batch guessed new, releasing the last one; returns what
     /// rolling back to it restores.
-    fn open_guess(&mut self) -> Result<Mark> {
+    pub(super) fn open_guess(&mut self) -> Result<Mark> {
         if self.guess_open {
             self.tx
                 .simple("RELEASE SAVEPOINT precedent_guess; SAVEPOINT precedent_guess")?;
@@ -257,7 +267,7 @@ impl PgWrite<'_> {
     }
 
     /// Rolls back to the savepoint of a batch whose guess failed.
-    fn back_to_guess(&mut self, mark: Mark) -> Result<()> {
+    pub(super) fn back_to_guess(&mut self, mark: Mark) -> Result<()> {
         self.tx
             .simple("ROLLBACK TO SAVEPOINT precedent_guess; RELEASE SAVEPOINT precedent_guess")?;
         self.guess_open = false;
@@ -268,7 +278,7 @@ impl PgWrite<'_> {
     }
 
     /// [`PgWrite::insert_many`], with its facts guessed new or looked up.
-    fn insert_many_as(
+    pub(super) fn insert_many_as(
         &mut self,
         facts: Vec<Fact>,
         hooks: &mut HookRunner<'_>,

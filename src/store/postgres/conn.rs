@@ -229,7 +229,6 @@ fn copy_all(
 ) -> Result<i64> {
     use postgres::binary_copy::BinaryCopyInWriter;
     let facts = conn.prepared(COPY_FACTS, None, None, reprepares)?;
-    let edges = conn.prepared(COPY_EDGES, None, None, reprepares)?;
     run.with_columns(|c| {
         let sink = conn.client.copy_in(&facts).map_err(fail)?;
         let mut w =
@@ -239,32 +238,83 @@ fn copy_all(
                 .map_err(fail)?;
         }
         let written = w.finish().map_err(fail)?;
-        if !c.pred.is_empty() {
-            let sink = conn.client.copy_in(&edges).map_err(fail)?;
-            let types = [
-                Type::INT8,
-                Type::INT8,
-                Type::INT8,
-                Type::INT8,
-                Type::INT8,
-                Type::BYTEA,
-            ];
-            let mut w = BinaryCopyInWriter::new(sink, &types);
-            for i in 0..c.pred.len() {
-                w.write(&[
-                    &c.pred[i],
-                    &c.role[i],
-                    &c.succ_type[i],
-                    &c.succ[i],
-                    &c.pred_type[i],
-                    &c.succ_hash[i],
-                ])
-                .map_err(fail)?;
-            }
-            w.finish().map_err(fail)?;
-        }
+        copy_edge_rows(conn, reprepares, c.pred.len(), fail, |i| {
+            [
+                &c.pred[i],
+                &c.role[i],
+                &c.succ_type[i],
+                &c.succ[i],
+                &c.pred_type[i],
+                &c.succ_hash[i],
+            ]
+        })?;
         Ok(written as i64)
     })
+}
+
+/// `COPY` of `n` edge rows, the `i`th given by `row(i)` (predecessor, role id,
+/// successor type, successor, predecessor type, successor hash); nothing when `n` is 0.
+fn copy_edge_rows<'a>(
+    conn: &mut PgConn,
+    reprepares: &std::sync::atomic::AtomicU64,
+    n: usize,
+    fail: &dyn Fn(postgres::Error) -> Error,
+    row: impl Fn(usize) -> [&'a (dyn ToSql + Sync); 6],
+) -> Result<()> {
+    use postgres::binary_copy::BinaryCopyInWriter;
+    if n == 0 {
+        return Ok(());
+    }
+    let edges = conn.prepared(COPY_EDGES, None, None, reprepares)?;
+    let sink = conn.client.copy_in(&edges).map_err(fail)?;
+    let types = [
+        Type::INT8,
+        Type::INT8,
+        Type::INT8,
+        Type::INT8,
+        Type::INT8,
+        Type::BYTEA,
+    ];
+    let mut w = BinaryCopyInWriter::new(sink, &types);
+    for i in 0..n {
+        w.write(&row(i)).map_err(fail)?;
+    }
+    w.finish().map_err(fail)?;
+    Ok(())
+}
+
+/// Fact rows written by one `COPY` as they come ([`Tx::copy_facts_streamed`]).
+pub(crate) struct FactSink<'c> {
+    writer: Option<postgres::binary_copy::BinaryCopyInWriter<'c>>,
+    /// The first error a row met: the rows after it are not sent, and the `COPY` fails.
+    failed: Option<postgres::Error>,
+}
+
+impl FactSink<'_> {
+    /// Sends one fact row: seq, hash, type id, canonical bytes. An error is kept for the
+    /// end of the `COPY`, so that the caller goes on taking its facts.
+    pub(crate) fn row(&mut self, seq: i64, hash: &[u8], type_id: i64, bytes: &[u8]) {
+        if self.failed.is_some() {
+            return;
+        }
+        if let Some(w) = self.writer.as_mut()
+            && let Err(e) = w.write(&[&seq, &hash, &type_id, &bytes])
+        {
+            self.failed = Some(e);
+        }
+    }
+}
+
+/// A run's edge rows as columns: predecessor, role id, successor type, successor,
+/// predecessor type, successor hash.
+#[derive(Default)]
+pub(crate) struct EdgeColumns {
+    pub(crate) pred: Vec<i64>,
+    pub(crate) role: Vec<i64>,
+    pub(crate) succ_type: Vec<i64>,
+    pub(crate) succ: Vec<i64>,
+    pub(crate) pred_type: Vec<i64>,
+    pub(crate) succ_hash: Vec<crate::hash::FactHash>,
 }
 
 /// The error of every statement after a fact written ahead was found stored already.
@@ -365,6 +415,58 @@ impl<'a> Tx<'a> {
             } else {
                 run_rows(c, run, &self.backend.shared.reprepares).map(Some)
             }
+        })
+    }
+
+    /// Writes fact rows by one `COPY` while `produce` makes them: it is given the sink
+    /// at once, so that the server stores the first rows while the last are still being
+    /// made. Returns how many rows were written with what `produce` returned, or `None`
+    /// if one of them is stored already (the unique hash refused it, which fails the
+    /// transaction to its last savepoint).
+    pub(crate) fn copy_facts_streamed<T>(
+        &self,
+        produce: impl FnOnce(&mut FactSink<'_>) -> Result<T>,
+    ) -> Result<Option<(i64, T)>> {
+        use postgres::binary_copy::BinaryCopyInWriter;
+        let reprepares = &self.backend.shared.reprepares;
+        self.with(|c| {
+            let statement = c.prepared(COPY_FACTS, None, None, reprepares)?;
+            let sink = c.client.copy_in(&statement).map_err(backend)?;
+            let types = [Type::INT8, Type::BYTEA, Type::INT8, Type::BYTEA];
+            let mut sink = FactSink {
+                writer: Some(BinaryCopyInWriter::new(sink, &types)),
+                failed: None,
+            };
+            // An error of `produce` drops the writer unfinished, which aborts the `COPY`.
+            let made = produce(&mut sink)?;
+            let finished = match (sink.failed.take(), sink.writer.take()) {
+                (Some(e), _) => Err(e),
+                (None, Some(w)) => w.finish(),
+                (None, None) => unreachable!("the writer is taken only here"),
+            };
+            match finished {
+                Ok(n) => Ok(Some((n as i64, made))),
+                Err(e) if stored_already(&e) => Ok(None),
+                Err(e) => Err(backend(e)),
+            }
+        })
+    }
+
+    /// Writes edge rows by `COPY` (none: nothing is sent).
+    pub(crate) fn copy_edges(&self, e: &EdgeColumns) -> Result<()> {
+        let reprepares = &self.backend.shared.reprepares;
+        let hashes: Vec<&[u8]> = e.succ_hash.iter().map(|h| &h.0[..]).collect();
+        self.with(|c| {
+            copy_edge_rows(c, reprepares, e.pred.len(), &backend, |i| {
+                [
+                    &e.pred[i],
+                    &e.role[i],
+                    &e.succ_type[i],
+                    &e.succ[i],
+                    &e.pred_type[i],
+                    &hashes[i],
+                ]
+            })
         })
     }
 

@@ -34,6 +34,7 @@ mod notify;
 mod params;
 mod read;
 mod recent;
+mod stream;
 mod tls;
 mod verify;
 mod write;

@@ -81,6 +81,14 @@ impl Fresh {
         Ok(id)
     }
 
+    /// The id of `name` if this transaction or the cache knows it: no statement.
+    pub(crate) fn known(&self, cache: &NameCache, role: IsRole, name: &str) -> Option<i64> {
+        self.0[role as usize]
+            .get(name)
+            .copied()
+            .or_else(|| cache.get(role, name))
+    }
+
     /// Forgets every id (a savepoint rolled back may have undone some).
     pub(crate) fn forget(&mut self) {
         self.0.iter_mut().for_each(HashMap::clear);

@@ -69,6 +69,15 @@ impl Recent {
         misses
     }
 
+    /// Calls `f` with a look-up in what this holds, under one lock.
+    pub(super) fn with<T>(
+        &self,
+        f: impl FnOnce(&dyn Fn(&FactHash) -> Option<(i64, i64)>) -> T,
+    ) -> T {
+        let g = self.generations.lock().unwrap_or_else(|e| e.into_inner());
+        f(&|h| g.new.get(h).or_else(|| g.old.get(h)).copied())
+    }
+
     /// Remembers released facts: committed ones only.
     pub(super) fn add(&self, facts: impl IntoIterator<Item = (FactHash, (i64, i64))>) {
         let mut g = self.generations.lock().unwrap_or_else(|e| e.into_inner());

@@ -106,6 +106,16 @@ impl WriteTx for PgWrite<'_> {
         self.insert_many(facts, hooks)
     }
 
+    fn insert_streamed(
+        &mut self,
+        facts: &mut dyn Iterator<Item = Fact>,
+        hint: usize,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<BatchReport> {
+        self.lock()?;
+        self.insert_stream(facts, hint, hooks)
+    }
+
     fn drop_held(&mut self, hashes: &[FactHash]) -> Result<Vec<FactHash>> {
         self.lock()?;
         self.drop_held_hashes(hashes)

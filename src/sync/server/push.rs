@@ -9,6 +9,11 @@
 //! transaction: the index of its records and one chunk of decoded facts exist only for
 //! the push whose turn it is, beside the bodies that wait.
 //!
+//! The chunks are given to the store as they are decoded (`Writer::insert_streamed`): on
+//! PostgreSQL a chunk of 256 facts or more is written by a `COPY` fed as they come
+//! (`store/postgres/stream.rs`), and the records that do not decode are quarantined
+//! after the chunk's facts.
+//!
 //! The body is a CBOR sequence or, in the JSON API, facts in the JSON form
 //! (`json_api`): the two differ only in how records are split and decoded.
 //!
@@ -175,34 +180,56 @@ fn store_records<T: Sync>(
         app.store.write(|w| {
             inc(&app.metrics.facts_received, records.len() as u64);
             let mut push = Push::default();
-            let mut chunk = Vec::with_capacity(CHUNK.min(records.len()));
-            for (index, fact) in facts.enumerate() {
-                match fact {
-                    Ok(f) => {
-                        if let Some(g) = &caller.grant
-                            && !g.may_write_type(f.type_name())
-                        {
-                            refusal = Some(forbidden_type(g, &f));
-                            return Err(Error::SyncConfig {
-                                reason: "forbidden type".into(),
-                            });
-                        }
-                        push.hashes.push(f.hash());
-                        chunk.push(f);
-                        if chunk.len() == CHUNK {
-                            push.insert(w, std::mem::take(&mut chunk))?;
+            let mut hashes = Vec::new();
+            let mut quarantined = Vec::new();
+            let mut records_left = records.len();
+            let mut facts = facts.enumerate();
+            loop {
+                // The next chunk, stored as it is decoded; refused records are kept for
+                // the quarantine, written after it.
+                let hint = records_left.min(CHUNK);
+                let mut taken = 0;
+                let mut stream = std::iter::from_fn(|| {
+                    if taken == CHUNK || refusal.is_some() {
+                        return None;
+                    }
+                    for (index, fact) in facts.by_ref() {
+                        records_left -= 1;
+                        match fact {
+                            Ok(f) => {
+                                if let Some(g) = &caller.grant
+                                    && !g.may_write_type(f.type_name())
+                                {
+                                    refusal = Some(forbidden_type(g, &f));
+                                    return None;
+                                }
+                                hashes.push(f.hash());
+                                taken += 1;
+                                return Some(f);
+                            }
+                            Err((reason, b)) => quarantined.push((index, reason, b)),
                         }
                     }
-                    Err((reason, b)) => {
-                        w.quarantine(&caller.name, &reason, &b)?;
-                        push.rejected.push(Rejected {
-                            index: index as u64,
-                            reason,
-                        });
-                    }
+                    None
+                });
+                push.insert(w, &mut stream, hint)?;
+                for (index, reason, b) in quarantined.drain(..) {
+                    w.quarantine(&caller.name, &reason, &b)?;
+                    push.rejected.push(Rejected {
+                        index: index as u64,
+                        reason,
+                    });
+                }
+                if refusal.is_some() {
+                    return Err(Error::SyncConfig {
+                        reason: "forbidden type".into(),
+                    });
+                }
+                if taken < CHUNK {
+                    break;
                 }
             }
-            push.insert(w, chunk)?;
+            push.hashes = hashes;
             push.finish(w, &caller.name, app.limits.max_held_per_peer, records.len())
         })
     });
@@ -231,8 +258,8 @@ fn forbidden_type(g: &Grant, f: &Fact) -> Failure {
 /// What a push has done so far inside its transaction.
 #[derive(Default)]
 struct Push {
-    /// The highest `seq` before the push, read (taking the write lock) just before its
-    /// first facts are stored: not while the body is still decoding.
+    /// The highest `seq` before the push, read (taking the write lock) as it begins to
+    /// store its facts, while the body still decodes.
     before: Option<i64>,
     /// Every valid fact of the body, in body order.
     hashes: Vec<FactHash>,
@@ -242,15 +269,23 @@ struct Push {
 }
 
 impl Push {
-    fn insert(&mut self, w: &mut Writer<'_>, chunk: Vec<Fact>) -> crate::Result<()> {
-        if chunk.is_empty() {
+    /// Stores the facts `facts` yields, about `hint` of them, as they come.
+    fn insert(
+        &mut self,
+        w: &mut Writer<'_>,
+        facts: &mut dyn Iterator<Item = Fact>,
+        hint: usize,
+    ) -> crate::Result<()> {
+        if hint == 0 {
             return Ok(());
         }
         if self.before.is_none() {
             self.before = Some(w.max_seq()?);
         }
-        self.chunks += 1;
-        let batch = w.insert_batch(chunk)?;
+        let batch = w.insert_streamed(facts, hint)?;
+        if batch.inserted + batch.held + batch.duplicates + batch.refused.len() as u64 > 0 {
+            self.chunks += 1;
+        }
         self.total.merge(batch);
         Ok(())
     }

@@ -1,0 +1,165 @@
+//! A batch written while it is still being made: the facts of a push are sent to the
+//! fact table by one `COPY` as they are decoded, so that PostgreSQL stores the first
+//! while the last are decoded, where a batch ([`super::batch`]) starts writing only
+//! once it has them all.
+//!
+//! It is the batch guessed new ([`PgWrite::insert_many`]) with nothing read first: a
+//! fact goes into the `COPY` when everything it needs is known without a statement
+//! (the connection is busy with the `COPY`): its type's and roles' ids (this
+//! transaction's or the committed ones cached) and each predecessor's seq and type, as
+//! released earlier in the stream, taken as released by the caller, or remembered by
+//! [`super::recent`]. A fact that `recent` remembers is a duplicate. Any other fact waits
+//! (and with it every fact naming it, whose predecessor is then unknown), and the
+//! waiting ones are written after the `COPY`s as an ordinary batch, which looks up what
+//! they need. Their predecessors in the stream come first in it, so release order holds.
+//!
+//! It streams only what would have been guessed new and written at once: at least
+//! [`GUESS_FROM`] facts, every hook idle, nothing written ahead, a guess allowed, and no
+//! fact held in the store (a fact of the stream could then release held ones, which the
+//! `COPY` cannot look up). As for a guess, one fact of the `COPY` stored already fails it
+//! on the unique hash; the savepoint is rolled back and the facts, kept as they came,
+//! are written again as an ordinary batch, looked up.
+
+use super::batch::{GUESS_FROM, Known};
+use super::conn::EdgeColumns;
+use super::write::PgWrite;
+use crate::error::Result;
+use crate::fact::Fact;
+use crate::store::BatchReport;
+use crate::store::backend::HookRunner;
+
+impl PgWrite<'_> {
+    /// See [`crate::store::WriteTx::insert_streamed`]; the write lock is taken.
+    pub(super) fn insert_stream(
+        &mut self,
+        facts: &mut dyn Iterator<Item = Fact>,
+        hint: usize,
+        hooks: &mut HookRunner<'_>,
+    ) -> Result<BatchReport> {
+        let one_by_one = !hooks.idle(&*self)?;
+        if hint < GUESS_FROM
+            || one_by_one
+            || self.tx.ahead.borrow().on
+            || self.counters().held != 0
+            || !self.tx.backend.shared.recent.may_guess()
+        {
+            return self.insert_many_idle(facts.collect(), hooks, one_by_one);
+        }
+        let mark = self.open_guess()?;
+        hooks.savepoint_opened();
+        let mut all = Vec::with_capacity(hint);
+        match self.stream(facts, &mut all) {
+            Ok(Some((mut report, waiting))) => {
+                hooks.savepoint_closed(false);
+                if !waiting.is_empty() {
+                    report.merge(self.insert_many_as(waiting, hooks, false, false)?);
+                }
+                Ok(report)
+            }
+            Ok(None) => {
+                // A fact of the stream was stored already: written again, looked up.
+                self.tx.backend.shared.recent.guess_failed();
+                self.back_to_guess(mark)?;
+                hooks.savepoint_closed(true);
+                self.insert_many_as(all, hooks, false, false)
+            }
+            Err(e) => {
+                hooks.savepoint_closed(false);
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends the facts of `facts` that need no look-up to the fact table by one `COPY`
+    /// as they come, then their edges by another; keeps every fact in `all`. Returns
+    /// the count of what it wrote and the facts left waiting, or `None` if a fact it
+    /// wrote was stored already.
+    fn stream(
+        &mut self,
+        facts: &mut dyn Iterator<Item = Fact>,
+        all: &mut Vec<Fact>,
+    ) -> Result<Option<(BatchReport, Vec<Fact>)>> {
+        let mut report = BatchReport::default();
+        let mut waiting = Vec::new();
+        let mut mine = Known::default();
+        let mut released = Vec::new();
+        let mut edges = EdgeColumns::default();
+        let mut seq = self.counters().seq;
+        let first = seq;
+        let shared = &self.tx.backend.shared;
+        let (names, assumed) = (&self.names, &self.assumed);
+        // A fact's edges: predecessor seq, role id, predecessor type.
+        let mut preds: Vec<(i64, i64, i64)> = Vec::with_capacity(4);
+        let written = self.tx.copy_facts_streamed(|sink| {
+            for fact in facts {
+                all.push(fact.clone());
+                let hash = fact.hash();
+                let next = shared.recent.with(|recent| {
+                    if mine.contains_key(&hash) || recent(&hash).is_some() {
+                        return Next::Duplicate;
+                    }
+                    preds.clear();
+                    let type_id = (|| {
+                        for (role, set) in fact.predecessors() {
+                            let role = names.known(&shared.names, true, role)?;
+                            for p in set {
+                                let (pseq, ptype) = mine
+                                    .get(p)
+                                    .or_else(|| assumed.get(p))
+                                    .copied()
+                                    .or_else(|| recent(p))?;
+                                preds.push((pseq, role, ptype));
+                            }
+                        }
+                        names.known(&shared.names, false, fact.type_name())
+                    })();
+                    type_id.map_or(Next::Wait, Next::Write)
+                });
+                let type_id = match next {
+                    Next::Duplicate => {
+                        report.duplicates += 1;
+                        continue;
+                    }
+                    Next::Wait => {
+                        waiting.push(fact);
+                        continue;
+                    }
+                    Next::Write(type_id) => type_id,
+                };
+                seq += 1;
+                sink.row(seq, &hash.0, type_id, fact.canonical_bytes());
+                for &(pseq, role, ptype) in &preds {
+                    edges.pred.push(pseq);
+                    edges.role.push(role);
+                    edges.succ_type.push(type_id);
+                    edges.succ.push(seq);
+                    edges.pred_type.push(ptype);
+                    edges.succ_hash.push(hash);
+                }
+                mine.insert(hash, (seq, type_id));
+                released.push((hash, (seq, type_id)));
+            }
+            Ok(())
+        })?;
+        let Some((n, ())) = written else {
+            return Ok(None);
+        };
+        debug_assert_eq!(n, seq - first);
+        self.tx.copy_edges(&edges)?;
+        report.inserted = (seq - first) as u64;
+        report.released = report.inserted;
+        self.counters().seq = seq;
+        self.released.extend(released);
+        Ok(Some((report, waiting)))
+    }
+}
+
+/// What a fact of the stream is.
+enum Next {
+    /// Released before, or earlier in the stream.
+    Duplicate,
+    /// It needs a look-up: written after the stream, as a batch.
+    Wait,
+    /// Written now, with this type id.
+    Write(i64),
+}
