@@ -141,6 +141,8 @@ pub(crate) struct Tx<'a> {
     begin: &'static str,
     /// It has run no statement since `begin`.
     fresh: std::cell::Cell<bool>,
+    /// `begin` is yet to be sent, with the first statement ([`Tx::begin_with_first`]).
+    unbegun: std::cell::Cell<bool>,
 }
 
 /// Released facts whose rows are sent with the next statement of the transaction rather
@@ -349,12 +351,65 @@ impl<'a> Tx<'a> {
             ahead: RefCell::default(),
             begin,
             fresh: std::cell::Cell::new(true),
+            unbegun: std::cell::Cell::new(false),
         })
+    }
+
+    /// A transaction begun by `begin` sent with its first statement, a round trip fewer:
+    /// with it when that statement is a simple query ([`Tx::simple_rows`], as the write
+    /// lock is), else just before it. A transaction that runs no statement sends
+    /// nothing.
+    pub(crate) fn begin_with_first(pg: &'a PgBackend, begin: &'static str) -> Result<Tx<'a>> {
+        Ok(Tx {
+            conn: RefCell::new(Some(pg.connection()?)),
+            backend: pg,
+            open: true,
+            read_only: false,
+            ahead: RefCell::default(),
+            begin,
+            fresh: std::cell::Cell::new(true),
+            unbegun: std::cell::Cell::new(true),
+        })
+    }
+
+    /// Sends `begin` on the transaction's connection if it is yet to be, with `first`
+    /// (a simple query) when there is one, and returns what `first` gave. Nothing has
+    /// happened in the transaction yet, so a connection the server closed meanwhile is
+    /// replaced and the statements sent again once.
+    fn send_begin(
+        &self,
+        slot: &mut Option<PgConn>,
+        first: Option<&str>,
+    ) -> Result<Option<Vec<postgres::SimpleQueryMessage>>> {
+        if !self.unbegun.get() {
+            return Ok(None);
+        }
+        let sql = match first {
+            Some(first) => format!("{}; {first}", self.begin),
+            None => self.begin.to_string(),
+        };
+        // Sent from here on: if `first` fails the transaction is aborted, and rolled
+        // back when this is dropped; a connection that fails is not given back.
+        self.unbegun.set(false);
+        let conn = slot.as_mut().expect("present until drop");
+        let sent = match conn.client.simple_query(&sql) {
+            Err(e) if super::errors::is_lost(&e) => {
+                let fresh = self.backend.fresh_connection()?;
+                slot.insert(fresh).client.simple_query(&sql)
+            }
+            other => other,
+        };
+        let messages = sent.map_err(backend)?;
+        Ok(first.map(|_| messages))
     }
 
     /// Ends the transaction with `end` (`COMMIT`).
     pub(crate) fn finish(&mut self, end: &str) -> Result<()> {
         self.open = false;
+        if self.unbegun.get() {
+            // Nothing was sent: nothing to end.
+            return Ok(());
+        }
         self.with(|c| c.client.batch_execute(end).map_err(backend))
     }
 
@@ -377,6 +432,7 @@ impl<'a> Tx<'a> {
                 "postgres: a statement ran inside another's row callback on one connection",
             ))
         })?;
+        self.send_begin(&mut conn, None)?;
         let conn = conn.as_mut().expect("present until drop");
         self.write_ahead_rows(conn)?;
         self.fresh.set(false);
@@ -516,8 +572,16 @@ impl<'a> Tx<'a> {
     /// at READ COMMITTED each reads with a snapshot taken when it starts) and returns the
     /// rows they give, as text.
     pub(crate) fn simple_rows(&self, sql: &str) -> Result<Vec<postgres::SimpleQueryRow>> {
+        let begun = match self.conn.try_borrow_mut() {
+            // Nothing is written ahead before the first statement.
+            Ok(mut slot) => self.send_begin(&mut slot, Some(sql))?,
+            Err(_) => None,
+        };
         self.with(|c| {
-            let messages = c.client.simple_query(sql).map_err(backend)?;
+            let messages = match begun {
+                Some(m) => m,
+                None => c.client.simple_query(sql).map_err(backend)?,
+            };
             Ok(messages
                 .into_iter()
                 .filter_map(|m| match m {
@@ -534,7 +598,7 @@ impl Drop for Tx<'_> {
         let Some(mut conn) = self.conn.get_mut().take() else {
             return;
         };
-        if self.open && conn.client.batch_execute("ROLLBACK").is_err() {
+        if self.open && !self.unbegun.get() && conn.client.batch_execute("ROLLBACK").is_err() {
             return;
         }
         self.backend.give_back(conn);

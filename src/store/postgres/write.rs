@@ -222,7 +222,7 @@ impl<'a> PgWrite<'a> {
     /// of facts).
     pub(super) fn begin(backend: &'a PgBackend) -> Result<PgWrite<'a>> {
         Ok(PgWrite {
-            tx: Tx::begin(backend, "BEGIN ISOLATION LEVEL READ COMMITTED")?,
+            tx: Tx::begin_with_first(backend, "BEGIN ISOLATION LEVEL READ COMMITTED")?,
             names: Fresh::default(),
             locked: Cell::new(None),
             at_lock: Cell::new(Locked::default()),
