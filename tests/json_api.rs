@@ -553,6 +553,35 @@ conformance! {
         parents_first(&store, &body);
     }
 
+    fn a_large_push_of_many_new_types_is_stored_whole(backend: Backend) {
+        let a = Node::on(backend);
+        let server = a.serve();
+        let s = shop("corner");
+        // 20 types and 20 roles the store has not seen, each first met deep in the push.
+        let mut body = vec![s.clone()];
+        for i in 0..300 {
+            let kind = i % 20;
+            body.push(
+                Fact::builder(format!("Shop.Kind{kind}"))
+                    .field("n", i)
+                    .predecessor(&format!("shop{kind}"), s.hash())
+                    .build()
+                    .unwrap(),
+            );
+        }
+        let (status, r) = post_json(&server, JSON_CT, &array(&body), None);
+        assert_eq!(status, 200, "{r}");
+        assert_eq!((r["inserted"].as_u64(), r["seqs"].clone()), (Some(301), json!([[1, 301]])), "{r}");
+        let store = a.store();
+        parents_first(&store, &body);
+        for kind in 0..20 {
+            let role = format!("shop{kind}");
+            let of_kind = store.successors(&s.hash(), Some(&role), None).unwrap();
+            assert_eq!(of_kind.len(), 15, "{role}");
+            assert!(of_kind.iter().all(|f| f.type_name() == format!("Shop.Kind{kind}")));
+        }
+    }
+
     fn a_forbidden_type_late_in_a_large_push_stores_none_of_it(backend: Backend) {
         let a = Node::on(backend);
         let server = a.serve_with(|c| c.tokens = tokens());

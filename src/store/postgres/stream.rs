@@ -4,14 +4,15 @@
 //! once it has them all.
 //!
 //! It is the batch guessed new ([`PgWrite::insert_many`]) with nothing read first: a
-//! fact goes into the `COPY` when everything it needs is known without a statement
-//! (the connection is busy with the `COPY`): its type's and roles' ids (this
-//! transaction's or the committed ones cached) and each predecessor's seq and type, as
-//! released earlier in the stream, taken as released by the caller, or remembered by
-//! [`super::recent`]. A fact that `recent` remembers is a duplicate. Any other fact waits
-//! (and with it every fact naming it, whose predecessor is then unknown), and the
-//! waiting ones are written after the `COPY`s as an ordinary batch, which looks up what
-//! they need. Their predecessors in the stream come first in it, so release order holds.
+//! fact goes into the `COPY` when each predecessor's seq and type is known without a
+//! statement (the connection is busy with the `COPY`): released earlier in the stream,
+//! taken as released by the caller, or remembered by [`super::recent`]. A fact that
+//! `recent` remembers is a duplicate. Any other fact waits (and with it every fact
+//! naming it, whose predecessor is then unknown), and the waiting ones are written after
+//! the `COPY`s as an ordinary batch, which looks up what they need. Their predecessors
+//! in the stream come first in it, so release order holds. A fact whose type or role
+//! has no id yet (neither this transaction's nor a committed one cached) ends the
+//! `COPY`: the names are made and a new `COPY` goes on from it, up to [`SEGMENTS`].
 //!
 //! It streams only what would have been guessed new and written at once: at least
 //! [`GUESS_FROM`] facts, every hook idle, nothing written ahead, a guess allowed, and no
@@ -70,10 +71,11 @@ impl PgWrite<'_> {
         }
     }
 
-    /// Sends the facts of `facts` that need no look-up to the fact table by one `COPY`
-    /// as they come, then their edges by another; keeps every fact in `all`. Returns
-    /// the count of what it wrote and the facts left waiting, or `None` if a fact it
-    /// wrote was stored already.
+    /// Sends the facts of `facts` that need no look-up to the fact table by `COPY` as
+    /// they come, then their edges by another; keeps every fact in `all`. A fact whose
+    /// type or role has no id yet ends the `COPY`: its names are made and a new `COPY`
+    /// goes on from it, up to [`SEGMENTS`] of them. Returns the count of what it wrote
+    /// and the facts left waiting, or `None` if a fact it wrote was stored already.
     fn stream(
         &mut self,
         facts: &mut dyn Iterator<Item = Fact>,
@@ -86,65 +88,90 @@ impl PgWrite<'_> {
         let mut edges = EdgeColumns::default();
         let mut seq = self.counters().seq;
         let first = seq;
-        let shared = &self.tx.backend.shared;
-        let (names, assumed) = (&self.names, &self.assumed);
+        // A fact to write first in the next `COPY`, its names made.
+        let mut named: Option<Fact> = None;
         // A fact's edges: predecessor seq, role id, predecessor type.
         let mut preds: Vec<(i64, i64, i64)> = Vec::with_capacity(4);
-        let written = self.tx.copy_facts_streamed(|sink| {
-            for fact in facts {
-                all.push(fact.clone());
-                let hash = fact.hash();
-                let next = shared.recent.with(|recent| {
-                    if mine.contains_key(&hash) || recent(&hash).is_some() {
-                        return Next::Duplicate;
-                    }
-                    preds.clear();
-                    let type_id = (|| {
+        for segment in 1..=SEGMENTS {
+            let shared = &self.tx.backend.shared;
+            let (names, assumed) = (&self.names, &self.assumed);
+            let mut unnamed = None;
+            let written = self.tx.copy_facts_streamed(|sink| {
+                loop {
+                    let fact = match named.take() {
+                        Some(f) => f,
+                        None => match facts.next() {
+                            Some(f) => {
+                                all.push(f.clone());
+                                f
+                            }
+                            None => break,
+                        },
+                    };
+                    let hash = fact.hash();
+                    let next = shared.recent.with(|recent| {
+                        if mine.contains_key(&hash) || recent(&hash).is_some() {
+                            return Next::Duplicate;
+                        }
+                        preds.clear();
+                        let mut have_names = true;
                         for (role, set) in fact.predecessors() {
-                            let role = names.known(&shared.names, true, role)?;
+                            let role = names.known(&shared.names, true, role);
+                            have_names &= role.is_some();
                             for p in set {
-                                let (pseq, ptype) = mine
-                                    .get(p)
-                                    .or_else(|| assumed.get(p))
-                                    .copied()
-                                    .or_else(|| recent(p))?;
-                                preds.push((pseq, role, ptype));
+                                let known = mine.get(p).or_else(|| assumed.get(p)).copied();
+                                let Some((pseq, ptype)) = known.or_else(|| recent(p)) else {
+                                    return Next::Wait;
+                                };
+                                preds.push((pseq, role.unwrap_or(0), ptype));
                             }
                         }
-                        names.known(&shared.names, false, fact.type_name())
-                    })();
-                    type_id.map_or(Next::Wait, Next::Write)
-                });
-                let type_id = match next {
-                    Next::Duplicate => {
-                        report.duplicates += 1;
-                        continue;
+                        match names.known(&shared.names, false, fact.type_name()) {
+                            Some(type_id) if have_names => Next::Write(type_id),
+                            _ => Next::Unnamed,
+                        }
+                    });
+                    let type_id = match next {
+                        Next::Duplicate => {
+                            report.duplicates += 1;
+                            continue;
+                        }
+                        Next::Unnamed if segment < SEGMENTS => {
+                            unnamed = Some(fact);
+                            break;
+                        }
+                        Next::Wait | Next::Unnamed => {
+                            waiting.push(fact);
+                            continue;
+                        }
+                        Next::Write(type_id) => type_id,
+                    };
+                    seq += 1;
+                    sink.row(seq, &hash.0, type_id, fact.canonical_bytes());
+                    for &(pseq, role, ptype) in &preds {
+                        edges.pred.push(pseq);
+                        edges.role.push(role);
+                        edges.succ_type.push(type_id);
+                        edges.succ.push(seq);
+                        edges.pred_type.push(ptype);
+                        edges.succ_hash.push(hash);
                     }
-                    Next::Wait => {
-                        waiting.push(fact);
-                        continue;
-                    }
-                    Next::Write(type_id) => type_id,
-                };
-                seq += 1;
-                sink.row(seq, &hash.0, type_id, fact.canonical_bytes());
-                for &(pseq, role, ptype) in &preds {
-                    edges.pred.push(pseq);
-                    edges.role.push(role);
-                    edges.succ_type.push(type_id);
-                    edges.succ.push(seq);
-                    edges.pred_type.push(ptype);
-                    edges.succ_hash.push(hash);
+                    mine.insert(hash, (seq, type_id));
+                    released.push((hash, (seq, type_id)));
                 }
-                mine.insert(hash, (seq, type_id));
-                released.push((hash, (seq, type_id)));
+                Ok(())
+            })?;
+            if written.is_none() {
+                return Ok(None);
             }
-            Ok(())
-        })?;
-        let Some((n, ())) = written else {
-            return Ok(None);
-        };
-        debug_assert_eq!(n, seq - first);
+            let Some(fact) = unnamed else { break };
+            // Its names, made now (a round trip or two each, once per name).
+            self.names.id(&self.tx, false, fact.type_name())?;
+            for role in fact.predecessors().keys() {
+                self.names.id(&self.tx, true, role)?;
+            }
+            named = Some(fact);
+        }
         self.tx.copy_edges(&edges)?;
         report.inserted = (seq - first) as u64;
         report.released = report.inserted;
@@ -154,12 +181,18 @@ impl PgWrite<'_> {
     }
 }
 
+/// `COPY`s a stream is written by at most: each after the first follows a fact whose
+/// names were made. Past it, such facts wait for the batch after the stream.
+const SEGMENTS: usize = 16;
+
 /// What a fact of the stream is.
 enum Next {
     /// Released before, or earlier in the stream.
     Duplicate,
     /// It needs a look-up: written after the stream, as a batch.
     Wait,
+    /// Its type or a role has no id yet: made before it is written.
+    Unnamed,
     /// Written now, with this type id.
     Write(i64),
 }
