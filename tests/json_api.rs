@@ -564,7 +564,7 @@ conformance! {
             body.push(
                 Fact::builder(format!("Shop.Kind{kind}"))
                     .field("n", i)
-                    .predecessor(&format!("shop{kind}"), s.hash())
+                    .predecessor(format!("shop{kind}"), s.hash())
                     .build()
                     .unwrap(),
             );
