@@ -37,7 +37,8 @@ pub const PIECE: usize = 1_000;
 /// decoded in the caller's thread.
 pub const MIN_PIECE: usize = 125;
 
-/// How many records a piece of a body of `n` records holds, decoded on `threads`
+/// How many records a piece of a body of `n` records holds at most (the first pieces of
+/// [`in_order`] are smaller), decoded on `threads`
 /// threads: [`PIECE`], or for a body of less than two pieces a thread, a quarter or less
 /// of it a thread (two pieces each, at least [`MIN_PIECE`] records), so that a push of
 /// 1,000 records is decoded on every core rather than in one thread, and its first
@@ -216,14 +217,16 @@ where
     })
 }
 
-/// Starts the work of [`for_each_in_order`] on `items`, then runs `body` with the
-/// results, in the order of `items`, as they come: the threads decode while `body` does
-/// what it can before its first result (a server's push begins its transaction), and
-/// ahead of it while it stores what it has taken. Once `body` returns, results not taken
-/// are not computed (the threads stop at their next piece) and this waits for them.
+/// Runs `body` with the results of [`for_each_in_order`]'s work on `items`, in the
+/// order of `items`, as they come: the threads start when `body` asks for its first
+/// result, so that what `body` does before it (a server's push takes the write lock) has
+/// the cores to itself, and then decode ahead of it while it stores what it has taken.
+/// Once `body` returns, results not taken are not computed (the threads stop at their
+/// next piece) and this waits for them. If no thread can be started, the work is done
+/// in the caller's thread.
 ///
 /// # Errors
-/// What `body` returns; [`Error::Io`] if a thread cannot be started.
+/// What `body` returns.
 pub fn in_order<T, O, E, R>(
     items: &[T],
     threads: usize,
@@ -240,25 +243,40 @@ where
     if threads <= 1 || items.len() <= piece {
         return body(&mut items.iter().map(f));
     }
+    let f = &f;
     std::thread::scope(|scope| {
-        let pieces = Ordered::start(
-            scope,
-            "decode",
-            threads,
-            2,
-            |give| {
-                for piece in items.chunks(piece) {
-                    if !give(piece) {
-                        return;
+        // The threads start when `body` asks for its first result.
+        let mut outputs = std::iter::once(()).flat_map(|()| -> Box<dyn Iterator<Item = O>> {
+            let started = Ordered::start(
+                scope,
+                "decode",
+                threads,
+                2,
+                |give| {
+                    // The first pieces are smaller, doubling up to `piece`: the first
+                    // results are ready sooner.
+                    let (mut rest, mut len) = (items, (piece / 8).max(1));
+                    while !rest.is_empty() {
+                        let (now, next) = rest.split_at(len.min(rest.len()));
+                        if !give(now) {
+                            return;
+                        }
+                        (rest, len) = (next, (len * 2).min(piece));
                     }
-                }
-            },
-            |piece: &[T]| piece.iter().map(&f).collect::<Vec<O>>(),
-        )
-        .map_err(Error::Io)?;
-        // Dropped when `body` returns: the workers' next send fails and they stop, before
-        // the scope waits for them.
-        body(&mut pieces.flatten())
+                },
+                |piece: &[T]| piece.iter().map(f).collect::<Vec<O>>(),
+            );
+            match started {
+                Ok(pieces) => Box::new(pieces.flatten()),
+                // No thread to be had: decoded in this one.
+                Err(_) => Box::new(items.iter().map(f)),
+            }
+        });
+        let result = body(&mut outputs);
+        // Dropped before the scope waits for the workers: their next send fails and
+        // they stop.
+        drop(outputs);
+        result
     })
 }
 
