@@ -582,6 +582,31 @@ conformance! {
         }
     }
 
+    fn bad_records_in_a_large_push_are_quarantined_and_the_rest_kept(backend: Backend) {
+        let a = Node::on(backend);
+        let server = a.serve();
+        let s = shop("corner");
+        let (status, _) = post_json(&server, JSON_CT, &array(&[s.clone(), order(&s, "id", -1)]), None);
+        assert_eq!(status, 200);
+        let forms: Vec<String> = orders(&s, 0, 300).iter().map(|f| form(f).to_string()).collect();
+        let mut records: Vec<String> = Vec::new();
+        for (i, f) in forms.into_iter().enumerate() {
+            if i % 100 == 50 {
+                records.push("{\"type\": 5}".to_string());
+            }
+            records.push(f);
+        }
+        let (status, r) = post_json(&server, JSON_CT, &format!("[{}]", records.join(",")), None);
+        assert_eq!(status, 200, "{r}");
+        let counts = ["received", "inserted"].map(|k| r[k].as_u64().unwrap());
+        assert_eq!(counts, [303, 300], "{r}");
+        let at: Vec<u64> = r["rejected"].as_array().unwrap().iter().map(|x| x["index"].as_u64().unwrap()).collect();
+        assert_eq!(at, vec![50, 151, 252], "{r}");
+        assert_eq!(r["seqs"], json!([[3, 302]]), "{r}");
+        let store = a.store();
+        assert_eq!((store.max_seq().unwrap(), store.quarantine_count().unwrap()), (302, 3));
+    }
+
     fn a_forbidden_type_late_in_a_large_push_stores_none_of_it(backend: Backend) {
         let a = Node::on(backend);
         let server = a.serve_with(|c| c.tokens = tokens());
