@@ -700,6 +700,12 @@ impl<'a> Writer<'a> {
             facts,
             &mut runner(self.store, &mut self.state, &mut self.later),
         )?;
+        self.batch_done(report)
+    }
+
+    /// What follows a batch: its held facts counted, and what its hooks asked for
+    /// inserted.
+    fn batch_done(&mut self, report: BatchReport) -> Result<BatchReport> {
         self.state.get::<HeldHere>().in_batches += report.held;
         self.insert_later()?;
         Ok(report)
@@ -719,9 +725,7 @@ impl<'a> Writer<'a> {
             hint,
             &mut runner(self.store, &mut self.state, &mut self.later),
         )?;
-        self.state.get::<HeldHere>().in_batches += report.held;
-        self.insert_later()?;
-        Ok(report)
+        self.batch_done(report)
     }
 
     /// Inserts what release hooks asked for, and what those inserts ask for in turn.

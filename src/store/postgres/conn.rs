@@ -343,16 +343,7 @@ impl<'a> Tx<'a> {
             conn = pg.fresh_connection()?;
             conn.client.batch_execute(begin).map_err(backend)?;
         }
-        Ok(Tx {
-            conn: RefCell::new(Some(conn)),
-            backend: pg,
-            open: true,
-            read_only: false,
-            ahead: RefCell::default(),
-            begin,
-            fresh: std::cell::Cell::new(true),
-            unbegun: std::cell::Cell::new(false),
-        })
+        Ok(Tx::on(pg, conn, begin, false))
     }
 
     /// A transaction begun by `begin` sent with its first statement, a round trip fewer:
@@ -360,16 +351,21 @@ impl<'a> Tx<'a> {
     /// lock is), else just before it. A transaction that runs no statement sends
     /// nothing.
     pub(crate) fn begin_with_first(pg: &'a PgBackend, begin: &'static str) -> Result<Tx<'a>> {
-        Ok(Tx {
-            conn: RefCell::new(Some(pg.connection()?)),
+        Ok(Tx::on(pg, pg.connection()?, begin, true))
+    }
+
+    /// A transaction on `conn` begun by `begin`, sent already or (`unbegun`) not yet.
+    fn on(pg: &'a PgBackend, conn: PgConn, begin: &'static str, unbegun: bool) -> Tx<'a> {
+        Tx {
+            conn: RefCell::new(Some(conn)),
             backend: pg,
             open: true,
             read_only: false,
             ahead: RefCell::default(),
             begin,
             fresh: std::cell::Cell::new(true),
-            unbegun: std::cell::Cell::new(true),
-        })
+            unbegun: std::cell::Cell::new(unbegun),
+        }
     }
 
     /// Sends `begin` on the transaction's connection if it is yet to be, with `first`
@@ -476,13 +472,12 @@ impl<'a> Tx<'a> {
 
     /// Writes fact rows by one `COPY` while `produce` makes them: it is given the sink
     /// at once, so that the server stores the first rows while the last are still being
-    /// made. Returns how many rows were written with what `produce` returned, or `None`
-    /// if one of them is stored already (the unique hash refused it, which fails the
-    /// transaction to its last savepoint).
-    pub(crate) fn copy_facts_streamed<T>(
+    /// made. Returns `false` if one of them is stored already (the unique hash refused
+    /// it, which fails the transaction to its last savepoint).
+    pub(crate) fn copy_facts_streamed(
         &self,
-        produce: impl FnOnce(&mut FactSink<'_>) -> Result<T>,
-    ) -> Result<Option<(i64, T)>> {
+        produce: impl FnOnce(&mut FactSink<'_>) -> Result<()>,
+    ) -> Result<bool> {
         use postgres::binary_copy::BinaryCopyInWriter;
         let reprepares = &self.backend.shared.reprepares;
         self.with(|c| {
@@ -494,15 +489,15 @@ impl<'a> Tx<'a> {
                 failed: None,
             };
             // An error of `produce` drops the writer unfinished, which aborts the `COPY`.
-            let made = produce(&mut sink)?;
+            produce(&mut sink)?;
             let finished = match (sink.failed.take(), sink.writer.take()) {
                 (Some(e), _) => Err(e),
                 (None, Some(w)) => w.finish(),
                 (None, None) => unreachable!("the writer is taken only here"),
             };
             match finished {
-                Ok(n) => Ok(Some((n as i64, made))),
-                Err(e) if stored_already(&e) => Ok(None),
+                Ok(_) => Ok(true),
+                Err(e) if stored_already(&e) => Ok(false),
                 Err(e) => Err(backend(e)),
             }
         })

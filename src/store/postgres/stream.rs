@@ -84,7 +84,6 @@ impl PgWrite<'_> {
         let mut report = BatchReport::default();
         let mut waiting = Vec::new();
         let mut mine = Known::default();
-        let mut released = Vec::new();
         let mut edges = EdgeColumns::default();
         let mut seq = self.counters().seq;
         let first = seq;
@@ -157,11 +156,10 @@ impl PgWrite<'_> {
                         edges.succ_hash.push(hash);
                     }
                     mine.insert(hash, (seq, type_id));
-                    released.push((hash, (seq, type_id)));
                 }
                 Ok(())
             })?;
-            if written.is_none() {
+            if !written {
                 return Ok(None);
             }
             let Some(fact) = unnamed else { break };
@@ -176,7 +174,7 @@ impl PgWrite<'_> {
         report.inserted = (seq - first) as u64;
         report.released = report.inserted;
         self.counters().seq = seq;
-        self.released.extend(released);
+        self.released.extend(mine);
         Ok(Some((report, waiting)))
     }
 }

@@ -213,6 +213,7 @@ fn store_records<T: Sync>(
                     None
                 });
                 push.insert(w, &mut stream, hint)?;
+                push.chunks += usize::from(taken > 0);
                 for (index, reason, b) in quarantined.drain(..) {
                     w.quarantine(&caller.name, &reason, &b)?;
                     push.rejected.push(Rejected {
@@ -283,9 +284,6 @@ impl Push {
             self.before = Some(w.max_seq()?);
         }
         let batch = w.insert_streamed(facts, hint)?;
-        if batch.inserted + batch.held + batch.duplicates + batch.refused.len() as u64 > 0 {
-            self.chunks += 1;
-        }
         self.total.merge(batch);
         Ok(())
     }
