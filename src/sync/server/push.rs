@@ -260,7 +260,7 @@ fn forbidden_type(g: &Grant, f: &Fact) -> Failure {
 #[derive(Default)]
 struct Push {
     /// The highest `seq` before the push, read (taking the write lock) as it begins to
-    /// store its facts, while the body still decodes.
+    /// store its facts, before they are decoded.
     before: Option<i64>,
     /// Every valid fact of the body, in body order.
     hashes: Vec<FactHash>,
