@@ -15,8 +15,10 @@
 //!
 //! The peer, in the same run: when `PRECEDENT_BENCH_PEER_DIR` names a copy of the peer's
 //! folder (`run.sh`, `bench.js`, `server.js`, `summarize.js`, `package.json`: it installs
-//! what it lacks), `bash run.sh N RUNS` there in batch mode, and its medians. Without it
-//! the bench prints ours alone and says that the peer did not run.
+//! what it lacks), `bash run.sh N 1` there in batch mode after each run of ours, so that
+//! the two sides take turns and meet the machine in the same minutes; the medians of
+//! its runs, and each run of ours against the peer's next to it. Without it the bench
+//! prints ours alone and says that the peer did not run.
 //!
 //! The floor, in the same run, `RUNS` times each on a fresh database of our schema: the
 //! same rows written by a plain client, a transaction per 1,000 facts, by `COPY` and by
@@ -486,7 +488,19 @@ fn main() {
         n + n / 2 + 1,
         load.trim()
     );
-    let ours_runs: Vec<Json> = (0..runs).map(|_| ours(n)).collect();
+    // Ours and the peer in turn, a run of each, so that both meet the machine as it is
+    // in the same minute: its speed swings by up to twice from one minute to the next
+    // (docs/performance.md), and runs of one side taken together could meet a slow
+    // spell the other missed.
+    let peer_on = std::env::var_os("PRECEDENT_BENCH_PEER_DIR").is_some();
+    let mut ours_runs: Vec<Json> = Vec::new();
+    let mut peer_runs: Vec<Json> = Vec::new();
+    for _ in 0..runs {
+        ours_runs.push(ours(n));
+        if peer_on && let Some(mut p) = peer(n, 1) {
+            peer_runs.push(p["runs"][0].take());
+        }
+    }
     // The floors, in the same run: a plain client's COPY and our statement, and the
     // pending query's statement alone; the fact table alone; the least floor.
     // `PRECEDENT_BENCH_PEER_FLOORS=0` leaves them out (a quicker run while changing ours;
@@ -560,7 +574,23 @@ fn main() {
                             "ours": {"median": ours_median, "runs": ours_runs},
                             "memory_met": memory_met,
                             "floors": {"median": floor_median, "runs": floors}});
-    match peer(n, runs) {
+    let peer_median = |k: &str| {
+        median(
+            &peer_runs
+                .iter()
+                .filter_map(|r| r[k].as_f64())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let peer = (!peer_runs.is_empty()).then(|| {
+        let median = json!({
+            "saveFactsPerSec": peer_median("saveFactsPerSec"),
+            "readHashMs": peer_median("readHashMs"), "readFactMs": peer_median("readFactMs"),
+            "serverPeakRssMB": peer_median("serverPeakRssMB"),
+        });
+        json!({"median": median, "runs": peer_runs})
+    });
+    match peer {
         None => {
             println!("peer: not run (set PRECEDENT_BENCH_PEER_DIR to a copy of the peer's folder)")
         }
@@ -583,6 +613,30 @@ fn main() {
                 verdict(ingest, INGEST_TARGET),
                 verdict(hashes, QUERY_TARGET)
             );
+            // Each run of ours against the peer's run next to it.
+            let pairs: Vec<(f64, f64)> = ours_runs
+                .iter()
+                .zip(p["runs"].as_array().into_iter().flatten())
+                .map(|(o, q)| {
+                    let v = |r: &Json, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+                    (
+                        v(o, "saveFactsPerSec") / v(q, "saveFactsPerSec"),
+                        v(q, "readHashMs") / v(o, "readHashMs"),
+                    )
+                })
+                .collect();
+            let list = |i: usize| {
+                pairs
+                    .iter()
+                    .map(|p| format!("{:.1}x", if i == 0 { p.0 } else { p.1 }))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            println!(
+                "each run beside the peer's next to it: ingest {}; pending hashes {}",
+                list(0),
+                list(1)
+            );
             let of_peer =
                 |how: &str| floor_median[how].as_f64().unwrap_or(f64::NAN) / f("saveFactsPerSec");
             println!(
@@ -595,6 +649,12 @@ fn main() {
             report["floor_ratios"] = json!({"copy": of_peer("copy"), "insert": of_peer("insert"),
                                             "fact": of_peer("fact"), "least": of_peer("least")});
             report["peer"] = p;
+            report["pair_ratios"] = json!(
+                pairs
+                    .iter()
+                    .map(|p| json!({"ingest": p.0, "pending_hashes": p.1}))
+                    .collect::<Vec<_>>()
+            );
             report["ratios"] = json!({"ingest": ingest, "pending_hashes": hashes, "pending_facts": facts,
                                       "ingest_met": ingest >= INGEST_TARGET, "query_met": hashes >= QUERY_TARGET});
         }
