@@ -2,7 +2,7 @@
 //! `added` events, `ready`, then added, removed and updated results after a push and after
 //! `precedent add`, each event an array of results, none lost, repeated or reordered), `GET /v1/events` (change figures as `/v1/info` reports them), tokens,
 //! bad requests, a client that stops reading, and on PostgreSQL a push to another server
-//! on the same database.
+//! on the same database, and a server that listens only once a client watches.
 //!
 //! The event streams are read over a plain HTTP/1.0 connection (so the body ends when the
 //! server closes it), each read bounded by [`BOUND`].
@@ -861,6 +861,52 @@ fn on_postgres_a_push_to_another_server_reaches_this_server_s_watchers() {
         (k.as_str(), &v),
         ("added", &json!({"id": 1, "carriers": []}))
     );
+    let seq = info(&b.url, None)["max_seq"].as_i64().unwrap();
+    change_through(&mut events, &a.url, seq);
+}
+
+/// On PostgreSQL a server that no client watches opens no listener, so that the commits
+/// of every process on the database do not wake it; its first `/v1/events` client starts
+/// one, and is told of a commit made through another server (the server polls hourly, so
+/// only the notification can tell it).
+#[test]
+fn on_postgres_a_server_listens_only_once_a_client_watches() {
+    let Some(pg) = common::pg::db() else { return };
+    let url_db = Path::new(&pg.url);
+    let a = Server::start_with(
+        url_db,
+        &["--listen", "127.0.0.1:0", "--poll-interval", "1h"],
+    );
+    let b = Server::start(url_db);
+    let listeners = || {
+        pg.psql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND query = 'LISTEN precedent_released'",
+        )
+        .trim()
+        .to_string()
+    };
+    let shop = common::shop::shop("corner");
+    post_json(&a.url, "/v1/facts", &json!([fact_json(&shop)]), None);
+    let first = common::shop::order(&shop, "id", 1);
+    post_json(&b.url, "/v1/facts", &json!([fact_json(&first)]), None);
+    // A second of commits through both, and no listener from either.
+    for _ in 0..10 {
+        assert_eq!(listeners(), "0", "a server with no client listens");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut events = Stream::open(&a.url, "/v1/events", None);
+    assert_eq!(events.status, 200);
+    let deadline = Instant::now() + BOUND;
+    while listeners() != "1" {
+        assert!(
+            Instant::now() < deadline,
+            "server a did not listen for its client"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = common::shop::order(&shop, "id", 2);
+    post_json(&b.url, "/v1/facts", &json!([fact_json(&second)]), None);
     let seq = info(&b.url, None)["max_seq"].as_i64().unwrap();
     change_through(&mut events, &a.url, seq);
 }

@@ -19,7 +19,9 @@
 //! events, the socket buffers and a while, never memory that grows with what is written.
 //!
 //! The figures of `/v1/events` are read by one thread for every client, and only while
-//! some client listens: at each wake-up it reads the highest release number, and when it
+//! some client listens (with none, it waits for one to subscribe, not for the store's
+//! wake-ups, so that a server no client watches opens no listener on PostgreSQL): at
+//! each wake-up it reads the highest release number, and when it
 //! moved, the count (the previous count plus the facts after the previous number, an
 //! index range) and the held count, and publishes them in a `tokio::sync::watch`. A
 //! client keeps only the latest figures, so it is coalesced by construction: after each
@@ -69,20 +71,28 @@ pub(super) struct Figures {
 /// The figures every `/v1/events` client reads, kept by one thread ([`Events::start`]).
 pub(super) struct Events {
     latest: Arc<watch::Sender<Figures>>,
+    /// Set by a client as it subscribes, to wake the thread from its sleep without
+    /// clients ([`Arrival::wait`]).
+    arrival: Arc<Arrival>,
     /// The thread, joined by [`Events::join`] once the server stops.
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Events {
     /// Starts the thread that reads the figures while some client listens, waking at
-    /// each wake-up of `store` and at least every `poll`, until `shutdown`.
+    /// each wake-up of `store` and at least every `poll`, until `shutdown`. While no
+    /// client listens it waits for one (at most `poll` at a time, to see `shutdown`),
+    /// not for the store's wake-ups: on PostgreSQL a wait for those starts the store's
+    /// listener, and a server with no client of its own would hold that connection and
+    /// be woken by every commit on the database.
     pub(super) fn start(
         store: Arc<Store>,
         poll: Duration,
         shutdown: watch::Receiver<bool>,
     ) -> std::io::Result<Events> {
         let latest = Arc::new(watch::Sender::new(Figures::default()));
-        let tx = latest.clone();
+        let arrival = Arc::new(Arrival::default());
+        let (tx, arrived) = (latest.clone(), arrival.clone());
         let thread = std::thread::Builder::new()
             .name("precedent-events".into())
             .spawn(move || {
@@ -91,22 +101,24 @@ impl Events {
                     let mark = store.wake_mark();
                     if tx.receiver_count() == 0 {
                         last = None;
-                    } else {
-                        match read_figures(&store, last) {
-                            Ok(f) => {
-                                if last.is_none_or(|l| l.seq != f.seq) {
-                                    tx.send_replace(f);
-                                }
-                                last = Some(f);
+                        arrived.wait(poll);
+                        continue;
+                    }
+                    match read_figures(&store, last) {
+                        Ok(f) => {
+                            if last.is_none_or(|l| l.seq != f.seq) {
+                                tx.send_replace(f);
                             }
-                            Err(e) => tracing::warn!("events: cannot read the figures: {e}"),
+                            last = Some(f);
                         }
+                        Err(e) => tracing::warn!("events: cannot read the figures: {e}"),
                     }
                     store.wait_for_wake(mark, poll);
                 }
             })?;
         Ok(Events {
             latest,
+            arrival,
             thread: std::sync::Mutex::new(Some(thread)),
         })
     }
@@ -115,10 +127,39 @@ impl Events {
     /// handle of the store to close: a server that returned from `run` no longer has the
     /// database open.
     pub(super) fn join(&self) {
+        // A thread with no client waits for one: told now, it sees the shutdown at once.
+        self.arrival.tell();
         let thread = self.thread.lock().map(|mut t| t.take());
         if let Ok(Some(t)) = thread {
             let _ = t.join();
         }
+    }
+}
+
+/// That a `/v1/events` client subscribed: a flag under a mutex with a condition
+/// variable, so that one arriving between the thread's look at the clients and its wait
+/// is not slept through.
+#[derive(Default)]
+struct Arrival {
+    came: std::sync::Mutex<bool>,
+    cond: std::sync::Condvar,
+}
+
+impl Arrival {
+    /// Tells the thread a client subscribed.
+    fn tell(&self) {
+        *self.came.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cond.notify_one();
+    }
+
+    /// Waits until a client subscribed since the last wait, or `timeout` passed.
+    fn wait(&self, timeout: Duration) {
+        let came = self.came.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut came, _) = self
+            .cond
+            .wait_timeout_while(came, timeout, |came| !*came)
+            .unwrap_or_else(|e| e.into_inner());
+        *came = false;
     }
 }
 
@@ -150,6 +191,7 @@ pub(super) async fn events(
     // figures past it and is announced; one before it is not news to this client.
     let mut rx = app.events.latest.subscribe();
     rx.mark_unchanged();
+    app.events.arrival.tell();
     let seen = app.with_store(|s| s.max_seq()).await?;
     let client = EventsClient {
         rx,
