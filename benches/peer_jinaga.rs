@@ -446,13 +446,14 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// The peer's medians over `runs` runs in batch mode, or `None` if it did not run.
-fn peer(n: usize, runs: usize) -> Option<Json> {
+/// One run of the peer in batch mode (its line of figures), or `None` if it is not to
+/// run.
+fn peer(n: usize) -> Option<Json> {
     let dir = std::env::var("PRECEDENT_BENCH_PEER_DIR").ok()?;
     let out = Command::new("bash")
         .arg("run.sh")
         .arg(n.to_string())
-        .arg(runs.to_string())
+        .arg("1")
         .current_dir(&dir)
         .env("MODES", "batch")
         .env("CLIENT_QUERY", "off")
@@ -461,18 +462,23 @@ fn peer(n: usize, runs: usize) -> Option<Json> {
         .unwrap();
     assert!(out.status.success(), "the peer's run.sh failed");
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut median_line = None;
-    let mut runs_seen = Vec::new();
-    for line in text.lines().filter(|l| l.starts_with('{')) {
-        let v: Json = serde_json::from_str(line).unwrap();
-        if v["summary"] == "median" {
-            median_line = Some(v);
-        } else if v.get("run").is_some() {
-            runs_seen.push(v);
-        }
-    }
-    let m = median_line.expect("the peer printed its medians");
-    Some(json!({"median": m, "runs": runs_seen}))
+    let run = text
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str::<Json>(l).unwrap())
+        .find(|v| v.get("run").is_some())
+        .expect("the peer printed its run");
+    Some(run)
+}
+
+/// The median of the figure `k` of `runs`.
+fn median_of(runs: &[Json], k: &str) -> f64 {
+    median(
+        &runs
+            .iter()
+            .filter_map(|r| r[k].as_f64())
+            .collect::<Vec<_>>(),
+    )
 }
 
 fn main() {
@@ -492,14 +498,11 @@ fn main() {
     // in the same minute: its speed swings by up to twice from one minute to the next
     // (docs/performance.md), and runs of one side taken together could meet a slow
     // spell the other missed.
-    let peer_on = std::env::var_os("PRECEDENT_BENCH_PEER_DIR").is_some();
     let mut ours_runs: Vec<Json> = Vec::new();
     let mut peer_runs: Vec<Json> = Vec::new();
     for _ in 0..runs {
         ours_runs.push(ours(n));
-        if peer_on && let Some(mut p) = peer(n, 1) {
-            peer_runs.push(p["runs"][0].take());
-        }
+        peer_runs.extend(peer(n));
     }
     // The floors, in the same run: a plain client's COPY and our statement, and the
     // pending query's statement alone; the fact table alone; the least floor.
@@ -545,14 +548,7 @@ fn main() {
         "least floor (one table, hash primary key and bytes, COPY, a transaction per {CHUNK} facts): {:.0} facts/s",
         floor_median["least"].as_f64().unwrap_or(f64::NAN)
     );
-    let m = |k: &str| {
-        median(
-            &ours_runs
-                .iter()
-                .map(|r| r[k].as_f64().unwrap())
-                .collect::<Vec<_>>(),
-        )
-    };
+    let m = |k: &str| median_of(&ours_runs, k);
     let ours_median = json!({
         "saveFactsPerSec": m("saveFactsPerSec"), "readHashMs": m("readHashMs"),
         "readHashMs2": m("readHashMs2"), "readFactMs": m("readFactMs"),
@@ -574,14 +570,7 @@ fn main() {
                             "ours": {"median": ours_median, "runs": ours_runs},
                             "memory_met": memory_met,
                             "floors": {"median": floor_median, "runs": floors}});
-    let peer_median = |k: &str| {
-        median(
-            &peer_runs
-                .iter()
-                .filter_map(|r| r[k].as_f64())
-                .collect::<Vec<_>>(),
-        )
-    };
+    let peer_median = |k: &str| median_of(&peer_runs, k);
     let peer = (!peer_runs.is_empty()).then(|| {
         let median = json!({
             "saveFactsPerSec": peer_median("saveFactsPerSec"),

@@ -98,12 +98,12 @@ impl Events {
             .spawn(move || {
                 let mut last: Option<Figures> = None;
                 while !*shutdown.borrow() {
-                    let mark = store.wake_mark();
                     if tx.receiver_count() == 0 {
                         last = None;
                         arrived.wait(poll);
                         continue;
                     }
+                    let mark = store.wake_mark();
                     match read_figures(&store, last) {
                         Ok(f) => {
                             if last.is_none_or(|l| l.seq != f.seq) {
