@@ -16,7 +16,12 @@
 //!   batches, each its own transaction.
 //! - `ours-reversed` (only when named in `PRECEDENT_BENCH_PHASES`): the same batches,
 //!   last first, each reversed (children first): reported, no target.
-//! - `sqlite`: the SQLite backend (a temporary file, default options) on the same batches.
+//! - `ours-queue`: as `ours`, on a store with a queue declared first ([`queue`]: each
+//!   chain's opening fact is an input, completed by the chain's first event), so that
+//!   the queue index is kept as the facts are stored; its ratio to `ours` is what a
+//!   queue costs ingest.
+//! - `sqlite`, `sqlite-queue`: the SQLite backend (a temporary file, default options) on
+//!   the same batches, without and with the queue.
 //!
 //! Settings, from the environment: `PRECEDENT_BENCH_PG_N` (facts, default 1,000,000),
 //! `PRECEDENT_BENCH_CHUNK` (facts per batch, default 50,000), `PRECEDENT_BENCH_PHASES`
@@ -43,7 +48,14 @@ use workload::Workload;
 
 /// The phases, in the order they run. `ours-reversed` runs only when named
 /// (`PRECEDENT_BENCH_PHASES`): its cascades go fact by fact (docs/performance.md).
-const PHASES: &[&str] = &["floor-copy", "floor-unnest", "ours", "sqlite"];
+const PHASES: &[&str] = &[
+    "floor-copy",
+    "floor-unnest",
+    "ours",
+    "ours-queue",
+    "sqlite",
+    "sqlite-queue",
+];
 /// The least acceptable ours / floor.
 const TARGET: f64 = 0.6;
 /// Peak resident memory of each of our phases must stay under this, in MB.
@@ -362,6 +374,47 @@ fn ours(store: &Store, reversed: bool) -> (Duration, u64) {
     (timed, stats.released)
 }
 
+/// The queue of the `-queue` phases: each chain's `Bench.Open` is an input, completed by
+/// the chain's first `Bench.Event` (which names it as `prev`); causal ordering, as a
+/// declared queue has by default.
+fn queue() -> precedent::queue::QueueSpec {
+    precedent::queue::QueueSpec::new(
+        "chains",
+        "Bench.Open",
+        vec![precedent::queue::Completion {
+            type_name: "Bench.Event".into(),
+            role: "prev".into(),
+        }],
+    )
+}
+
+/// [`ours`] on a store with [`queue`] declared first; checks that every chain opened
+/// is an input of it, completed or pending.
+fn ours_queued(store: &Store) -> (Duration, u64) {
+    store.declare_queue(&queue()).expect("declare the queue");
+    let result = ours(store, false);
+    let s = store.queue_stats("chains").expect("queue stats");
+    let pending = s.ready + s.delayed + s.blocked + s.leased + s.dead + s.poison;
+    let opened = store
+        .read(|r| {
+            use precedent::store::SqlExt;
+            r.query_one(
+                "SELECT count(*) FROM fact f JOIN fact_type t ON t.id = f.type_id
+                 WHERE t.name = 'Bench.Open'",
+                precedent::args![],
+                |row| row.get::<i64>(0),
+            )
+        })
+        .expect("count the opened chains");
+    assert!(s.completed > 0, "chains were completed: {s:?}");
+    assert_eq!(
+        s.completed + pending,
+        opened as u64,
+        "every opened chain is an input, completed or pending"
+    );
+    result
+}
+
 fn run_phase(phase: &str) -> Json {
     let url = std::env::var(URL_VAR).unwrap_or_default();
     let (timed, stored) = match phase {
@@ -371,10 +424,18 @@ fn run_phase(phase: &str) -> Json {
             let store = Store::open_with(&url, options()).expect("open on PostgreSQL");
             ours(&store, phase == "ours-reversed")
         }
-        "sqlite" => {
+        "ours-queue" => {
+            let store = Store::open_with(&url, options()).expect("open on PostgreSQL");
+            ours_queued(&store)
+        }
+        "sqlite" | "sqlite-queue" => {
             let dir = tempfile::tempdir().expect("temp dir");
             let store = Store::open_with(dir.path().join("bench.db"), options()).expect("open");
-            ours(&store, false)
+            if phase == "sqlite-queue" {
+                ours_queued(&store)
+            } else {
+                ours(&store, false)
+            }
         }
         other => panic!("unknown phase {other:?}; phases are {PHASES:?}"),
     };
@@ -440,7 +501,7 @@ fn main() {
     let mut results = Vec::new();
     for phase in &phases {
         let url = match phase.as_str() {
-            "sqlite" => String::new(),
+            "sqlite" | "sqlite-queue" => String::new(),
             _ => pg::db().expect("PostgreSQL is installed").url,
         };
         let r = run_child(phase, &url);
@@ -486,9 +547,25 @@ fn main() {
         println!("ours / sqlite           {:>6.3}", o / s);
         ratios["ours_over_sqlite"] = json!(o / s);
     }
+    // What a declared queue costs ingest: with it against without, each backend.
+    if let (Some(q), Some(o)) = (rate("ours-queue"), rate("ours")) {
+        println!("ours-queue / ours       {:>6.3}  (no target)", q / o);
+        ratios["queue_over_ours"] = json!(q / o);
+    }
+    if let (Some(q), Some(floor)) = (rate("ours-queue"), floor) {
+        println!("ours-queue / floor      {:>6.3}  (no target)", q / floor);
+        ratios["queue_over_floor"] = json!(q / floor);
+    }
+    if let (Some(q), Some(s)) = (rate("sqlite-queue"), rate("sqlite")) {
+        println!("sqlite-queue / sqlite   {:>6.3}", q / s);
+        ratios["sqlite_queue_over_sqlite"] = json!(q / s);
+    }
     let peak = results
         .iter()
-        .filter(|r| r["phase"] == "ours" || r["phase"] == "sqlite")
+        .filter(|r| {
+            ["ours", "ours-queue", "sqlite", "sqlite-queue"]
+                .contains(&r["phase"].as_str().unwrap_or(""))
+        })
         .filter_map(|r| r["peak_rss_mb"].as_f64())
         .fold(0.0f64, f64::max);
     let memory_met = peak < MEMORY_LIMIT_MB;

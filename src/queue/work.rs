@@ -133,12 +133,12 @@ impl Writer<'_> {
         }
     }
 
-    /// Writes the item deletes the queue index deferred ([`super::index::flush_deletes`]):
-    /// first thing in every statement of this file that reads or writes item rows in a
-    /// write transaction.
+    /// Writes what the queue index keeps for later ([`super::index::flush_pending`]): the
+    /// new item rows and the deferred deletes, first thing in every statement of this
+    /// file that reads or writes item rows in a write transaction.
     fn flush_item_deletes(&mut self) -> Result<()> {
         let (tx, state) = self.split();
-        super::index::flush_deletes(tx, state)
+        super::index::flush_pending(tx, state)
     }
 
     fn dead_letter(
@@ -378,7 +378,11 @@ impl Writer<'_> {
         // An item row goes only when its input ends, and the index notes every ending (a
         // rolled-back one is forgotten with its savepoint), so the handler completed the
         // input if it ended since the handler began. An at-most-once input ended when it
-        // was claimed: the handler owes it no completion.
+        // was claimed: the handler owes it no completion. The completions the index keeps
+        // for later are ended first.
+        if self.state::<QueueTx>().ends_pending() {
+            self.flush_item_deletes()?;
+        }
         let ended = &self.state::<QueueTx>().ended[ended_before..];
         if semantics == Semantics::AtLeastOnce && !ended.contains(&(lease.queue_id, lease.seq)) {
             return Err(Error::NotCompleted {
@@ -653,6 +657,7 @@ impl LeaseCheck {
         qtx.item_updates == self.item_updates
             && qtx.ended.len() >= self.ended
             && !qtx.ended[self.ended..].contains(&(lease.queue_id, lease.seq))
+            && !qtx.ending(lease.queue_id, lease.seq)
     }
 }
 

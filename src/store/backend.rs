@@ -576,8 +576,10 @@ pub trait ReadTx: Sql {
 }
 
 /// Called in the transaction that releases each fact, after its row and edges are
-/// written and before anything released after it: the seam through which indexes outside
-/// the core (the queue index) stay in step with releases, in the same commit.
+/// written and, unless the hook says it may be called after a run
+/// ([`ReleaseHook::in_runs`]), before anything released after it: the seam through which
+/// indexes outside the core (the queue index) stay in step with releases, in the same
+/// commit.
 pub trait ReleaseHook: Send + Sync {
     /// `fact` was released as `seq`. Facts the hook needs stored in response go to
     /// [`HookCtx::insert_later`], inserted once the current insert returns.
@@ -597,6 +599,17 @@ pub trait ReleaseHook: Send + Sync {
     fn idle(&self, ctx: &mut HookCtx<'_>) -> Result<bool> {
         let _ = ctx;
         Ok(false)
+    }
+
+    /// Whether the hook may be called for a fact after the facts released after it in
+    /// the same run are written too (still in release order, each fact once, before the
+    /// insert returns): true when [`ReleaseHook::on_release`] reads nothing of a fact's
+    /// descendants, only its ancestors and the hook's own tables. A backend may then
+    /// write a batch's released facts in runs, as for an idle hook, and call the hook
+    /// after each run. The default says no: each fact is written and hooked before the
+    /// next.
+    fn in_runs(&self) -> bool {
+        false
     }
 
     /// Called once before the transaction commits.
@@ -631,7 +644,7 @@ pub struct HookCtx<'a> {
     pub state: &'a mut super::TxState,
     pub(crate) store: &'a super::Store,
     pub(crate) later: &'a mut Vec<Fact>,
-    pub(crate) predecessors: &'a dyn Fn(&FactHash) -> Option<i64>,
+    pub(crate) predecessors: &'a dyn Fn(&FactHash) -> Option<(i64, i64)>,
 }
 
 impl HookCtx<'_> {
@@ -639,7 +652,7 @@ impl HookCtx<'_> {
     /// backend has just read to write its edge; `None` for a hash that is not one of its
     /// predecessors (and in [`ReleaseHook::before_commit`]). Saves a hook a lookup.
     pub fn predecessor_seq(&self, hash: &FactHash) -> Option<i64> {
-        (self.predecessors)(hash)
+        (self.predecessors)(hash).map(|(seq, _)| seq)
     }
 
     /// The store's clock, in milliseconds since the Unix epoch.
@@ -786,7 +799,7 @@ impl HookRunner<'_> {
         tx: &dyn ReadTx,
         fact: &Fact,
         seq: i64,
-        predecessors: &dyn Fn(&FactHash) -> Option<i64>,
+        predecessors: &dyn Fn(&FactHash) -> Option<(i64, i64)>,
     ) -> Result<()> {
         let hooks = &self.store.options().release_hooks;
         if hooks.is_empty() {
@@ -842,6 +855,15 @@ impl HookRunner<'_> {
             }
         }
         Ok(true)
+    }
+
+    /// Whether every hook may be called after a run ([`ReleaseHook::in_runs`]).
+    pub fn in_runs(&self) -> bool {
+        self.store
+            .options()
+            .release_hooks
+            .iter()
+            .all(|h| h.in_runs())
     }
 }
 

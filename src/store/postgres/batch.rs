@@ -11,8 +11,10 @@
 //! pending run, written with its edges by one statement ([`Run::flush`]) before anything
 //! else touches the database (a hold, a cascade) and at the end. Hooks that were all
 //! [`crate::store::ReleaseHook::idle`] as the batch began are not called for its facts
-//! (idle says they would do nothing); a hook that is not gets each fact written and
-//! hooked before the next, as the one-fact path does.
+//! (idle says they would do nothing); hooks that may be called after a run
+//! ([`crate::store::ReleaseHook::in_runs`], the queue index) are called for each fact of
+//! a run once the run is written, in release order; any other hook gets each fact
+//! written and hooked before the next, as the one-fact path does.
 
 use std::collections::{HashMap, HashSet};
 
@@ -172,8 +174,8 @@ pub(super) struct Batch {
     waited: HashSet<FactHash, BuildFactHasher>,
     /// Its facts that were held when it began.
     held_before: HashSet<FactHash, BuildFactHasher>,
-    /// A hook is not idle: each fact is written and hooked before the next.
-    pub(super) one_by_one: bool,
+    /// How the batch's released facts meet the hooks.
+    pub(super) hooking: Hooking,
     /// Released facts not written yet.
     pub(super) run: Run,
     /// Held facts not written yet.
@@ -198,6 +200,41 @@ struct HeldRun {
     child: (Vec<i64>, Vec<i64>),
 }
 
+/// How a batch calls the release hooks, decided as it begins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hooking {
+    /// Every hook is idle: none is called, and facts are written in runs.
+    Idle,
+    /// Facts are written in runs, and the hooks called for each fact of a run after it
+    /// is written, in release order ([`crate::store::ReleaseHook::in_runs`]).
+    InRuns,
+    /// Each fact is written and hooked before the next.
+    Each,
+}
+
+impl Hooking {
+    /// How a batch beginning now calls `hooks`.
+    pub(super) fn of(hooks: &mut HookRunner<'_>, tx: &PgWrite<'_>) -> Result<Hooking> {
+        Ok(if hooks.idle(tx)? {
+            Hooking::Idle
+        } else if hooks.in_runs() {
+            Hooking::InRuns
+        } else {
+            Hooking::Each
+        })
+    }
+
+    /// Whether the hooks are called.
+    pub(super) fn hooked(self) -> bool {
+        self != Hooking::Idle
+    }
+
+    /// Whether each fact is written and hooked before the next.
+    pub(super) fn each(self) -> bool {
+        self == Hooking::Each
+    }
+}
+
 fn slices(hashes: &[FactHash]) -> Vec<&[u8]> {
     hashes.iter().map(|h| &h.0[..]).collect()
 }
@@ -206,8 +243,8 @@ impl PgWrite<'_> {
     /// See [`crate::Writer::insert_batch`]: the SQLite backend's steps, in a few round
     /// trips per batch.
     ///
-    /// A batch of at least [`GUESS_FROM`] facts, with no hook to run and nothing written
-    /// ahead, is first written on the guess that those of its facts that
+    /// A batch of at least [`GUESS_FROM`] facts, with no hook that must see each fact
+    /// before the next is written and nothing written ahead, is first written on the guess that those of its facts that
     /// [`super::recent`] does not know of are new: its look-up then asks only for
     /// predecessors from outside the batch. The guess is checked by the unique hash of
     /// the fact table as the rows are written, under a savepoint of its own; if a fact
@@ -218,27 +255,27 @@ impl PgWrite<'_> {
         facts: Vec<Fact>,
         hooks: &mut HookRunner<'_>,
     ) -> Result<BatchReport> {
-        let one_by_one = !hooks.idle(&*self)?;
-        self.insert_many_idle(facts, hooks, one_by_one)
+        let hooking = Hooking::of(hooks, self)?;
+        self.insert_many_idle(facts, hooks, hooking)
     }
 
-    /// [`PgWrite::insert_many`], the hooks found idle or not (`one_by_one`).
+    /// [`PgWrite::insert_many`], the hooks found as `hooking` says.
     pub(super) fn insert_many_idle(
         &mut self,
         facts: Vec<Fact>,
         hooks: &mut HookRunner<'_>,
-        one_by_one: bool,
+        hooking: Hooking,
     ) -> Result<BatchReport> {
         let recent = &self.tx.backend.shared.recent;
         if facts.len() >= GUESS_FROM
-            && !one_by_one
+            && !hooking.each()
             && !self.tx.ahead.borrow().on
             && recent.may_guess()
         {
             let mark = self.open_guess()?;
             hooks.savepoint_opened();
             self.guessing = true;
-            let guessed = self.insert_many_as(facts.clone(), hooks, one_by_one, true);
+            let guessed = self.insert_many_as(facts.clone(), hooks, hooking, true);
             self.guessing = false;
             let failed = std::mem::take(&mut self.guess_failed);
             if failed {
@@ -250,7 +287,7 @@ impl PgWrite<'_> {
                 return guessed;
             }
         }
-        self.insert_many_as(facts, hooks, one_by_one, false)
+        self.insert_many_as(facts, hooks, hooking, false)
     }
 
     /// Opens the savepoint of a batch guessed new, releasing the last one; returns what
@@ -282,7 +319,7 @@ impl PgWrite<'_> {
         &mut self,
         facts: Vec<Fact>,
         hooks: &mut HookRunner<'_>,
-        one_by_one: bool,
+        hooking: Hooking,
         guess: bool,
     ) -> Result<BatchReport> {
         let before = self.released_among(&facts, guess)?;
@@ -293,7 +330,7 @@ impl PgWrite<'_> {
             before,
             waited,
             held_before,
-            one_by_one,
+            hooking,
             run: Run::default(),
             held: HeldRun::default(),
             ids: Vec::new(),
@@ -305,8 +342,8 @@ impl PgWrite<'_> {
         for fact in &ordered {
             let mut one = self.insert_in_batch(fact, &mut b, hooks);
             b.left -= 1;
-            if one.is_ok() && (b.one_by_one || b.run.len() >= RUN) {
-                one = self.flush(&mut b.run, b.one_by_one, hooks).and(one);
+            if one.is_ok() && (b.hooking.each() || b.run.len() >= RUN) {
+                one = self.flush(&mut b.run, b.hooking.hooked(), hooks).and(one);
             }
             outcome = tally(&mut report, one);
             if outcome.is_err() {
@@ -327,7 +364,7 @@ impl PgWrite<'_> {
         b: &mut Batch,
         hooks: &mut HookRunner<'_>,
     ) -> Result<()> {
-        self.flush(&mut b.run, b.one_by_one, hooks)?;
+        self.flush(&mut b.run, b.hooking.hooked(), hooks)?;
         self.flush_held(&mut b.held)
     }
 
@@ -498,7 +535,8 @@ impl PgWrite<'_> {
     }
 
     /// Writes `run`'s facts and edges in one statement, then calls the release hooks for
-    /// each, in order: unless `hooked` is false, when every hook was
+    /// each, in order (a run of one fact when a hook must see each fact before the next
+    /// is written): unless `hooked` is false, when every hook was
     /// [`crate::store::ReleaseHook::idle`] as the batch began, which says a hook does
     /// nothing for any fact the batch releases (a push of 1,000 facts spent about 50 µs
     /// on the calls).
@@ -538,8 +576,17 @@ impl PgWrite<'_> {
         let mut start = 0;
         for (i, fact) in run.facts.iter().enumerate() {
             let end = run.ends[i];
-            let (hashes, seqs) = (&run.pred_hash[start..end], &run.pred[start..end]);
-            let known = |h: &FactHash| hashes.iter().position(|p| p == h).map(|k| seqs[k]);
+            let (hashes, seqs, types) = (
+                &run.pred_hash[start..end],
+                &run.pred[start..end],
+                &run.pred_type[start..end],
+            );
+            let known = |h: &FactHash| {
+                hashes
+                    .iter()
+                    .position(|p| p == h)
+                    .map(|k| (seqs[k], types[k]))
+            };
             hooks.released(&self.tx, fact, run.seq[i], &known)?;
             start = end;
         }

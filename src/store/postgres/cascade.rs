@@ -66,7 +66,7 @@ impl PgWrite<'_> {
         b: &mut Batch,
         hooks: &mut HookRunner<'_>,
     ) -> Result<u64> {
-        if b.one_by_one {
+        if b.hooking.each() {
             return self.cascade(first, first_at, hooks);
         }
         let mut reach = Reach {
@@ -116,11 +116,11 @@ impl PgWrite<'_> {
                 released += 1;
                 stack.push((hash, at, Some(waiter)));
                 if b.run.len() >= RUN {
-                    self.flush(&mut b.run, b.one_by_one, hooks)?;
+                    self.flush(&mut b.run, b.hooking.hooked(), hooks)?;
                 }
             }
         }
-        self.flush(&mut b.run, b.one_by_one, hooks)?;
+        self.flush(&mut b.run, b.hooking.hooked(), hooks)?;
         self.write_used(used)?;
         Ok(released)
     }

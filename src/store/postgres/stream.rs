@@ -21,7 +21,7 @@
 //! on the unique hash; the savepoint is rolled back and the facts, kept as they came,
 //! are written again as an ordinary batch, looked up.
 
-use super::batch::{GUESS_FROM, Known};
+use super::batch::{GUESS_FROM, Hooking, Known};
 use super::conn::EdgeColumns;
 use super::write::PgWrite;
 use crate::error::Result;
@@ -37,14 +37,14 @@ impl PgWrite<'_> {
         hint: usize,
         hooks: &mut HookRunner<'_>,
     ) -> Result<BatchReport> {
-        let one_by_one = !hooks.idle(&*self)?;
+        let hooking = Hooking::of(hooks, self)?;
         if hint < GUESS_FROM
-            || one_by_one
+            || hooking != Hooking::Idle
             || self.tx.ahead.borrow().on
             || self.counters().held != 0
             || !self.tx.backend.shared.recent.may_guess()
         {
-            return self.insert_many_idle(facts.collect(), hooks, one_by_one);
+            return self.insert_many_idle(facts.collect(), hooks, hooking);
         }
         let mark = self.open_guess()?;
         hooks.savepoint_opened();
@@ -53,7 +53,7 @@ impl PgWrite<'_> {
             Ok(Some((mut report, waiting))) => {
                 hooks.savepoint_closed(false);
                 if !waiting.is_empty() {
-                    report.merge(self.insert_many_as(waiting, hooks, false, false)?);
+                    report.merge(self.insert_many_as(waiting, hooks, Hooking::Idle, false)?);
                 }
                 Ok(report)
             }
@@ -62,7 +62,7 @@ impl PgWrite<'_> {
                 self.tx.backend.shared.recent.guess_failed();
                 self.back_to_guess(mark)?;
                 hooks.savepoint_closed(true);
-                self.insert_many_as(all, hooks, false, false)
+                self.insert_many_as(all, hooks, Hooking::Idle, false)
             }
             Err(e) => {
                 hooks.savepoint_closed(false);

@@ -425,7 +425,7 @@ impl<'a> PgWrite<'a> {
             batch.insert(fact.hash(), (seq, type_id));
         }
         self.released.push((hash, (seq, type_id)));
-        let known = |h: &FactHash| preds.iter().find(|p| p.1 == *h).map(|p| p.2);
+        let known = |h: &FactHash| preds.iter().find(|p| p.1 == *h).map(|p| (p.2, p.3));
         hooks.released(&self.tx, fact, seq, &known)?;
         Ok(Some((seq, type_id)))
     }

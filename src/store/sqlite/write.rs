@@ -388,7 +388,7 @@ impl<'a> SqliteWrite<'a> {
                 )?
                 .execute(params![pred, role_id, type_id, seq, pred_type])?;
         }
-        let known = |h: &FactHash| preds.iter().find(|p| p.1 == *h).map(|p| p.2);
+        let known = |h: &FactHash| preds.iter().find(|p| p.1 == *h).map(|p| (p.2, p.3));
         hooks.released(&self.tx, fact, seq, &known)?;
         Ok(Some((seq, type_id)))
     }
