@@ -171,7 +171,8 @@ pub(crate) struct QueueTx {
     /// The edges toward predecessors of facts the walk for unfinished ancestor inputs
     /// has read, as (predecessor, predecessor type) by successor: facts never change,
     /// so each is read once per transaction (every order of a shop walks up through
-    /// the shop). Forgotten when a savepoint rolls back, whose facts are gone.
+    /// the shop), up to [`PARENTS`] of them. Forgotten when a savepoint rolls back,
+    /// whose facts are gone.
     parents: HashMap<i64, Vec<(i64, i64)>>,
 }
 
@@ -243,6 +244,10 @@ struct NewItem {
     priority: i64,
     not_before: Option<i64>,
 }
+
+/// Facts whose predecessors the walk for unfinished ancestor inputs keeps at most
+/// (`QueueTx::parents`); past it the cache starts again.
+const PARENTS: usize = 65_536;
 
 /// Item rows waiting in [`NewItems`] at most: the transaction writes them when one more
 /// would be indexed.
@@ -830,10 +835,12 @@ impl Ix<'_> {
             args![s],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        self.state
-            .get::<QueueTx>()
-            .parents
-            .insert(s, parents.clone());
+        let cache = &mut self.state.get::<QueueTx>().parents;
+        if cache.len() >= PARENTS {
+            // A long transaction walks up through many facts: its memory stays bounded.
+            cache.clear();
+        }
+        cache.insert(s, parents.clone());
         Ok(parents)
     }
 

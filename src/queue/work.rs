@@ -1,6 +1,7 @@
 //! The queue API on [`Store`] and [`Writer`]: declare, claim, extend, complete, fail,
 //! release, redrive, discard, list, stats and alert checks, through the store's seam.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::controls::{allowance, charge};
@@ -50,9 +51,12 @@ macro_rules! shown_state {
     };
 }
 
-/// Runs `f` on the queue index in `w`'s transaction, then inserts the facts it asked for.
-pub(crate) fn with_index<T>(
+/// Runs `f` on the queue index in `w`'s transaction, then inserts the facts it asked for;
+/// the index told the sequence number and type id of each predecessor of the fact it
+/// works on (`known`), as the store tells it when it releases a fact.
+fn with_index_known<T>(
     w: &mut Writer<'_>,
+    known: &dyn Fn(&FactHash) -> Option<(i64, i64)>,
     f: impl FnOnce(&mut Ix<'_>) -> Result<T>,
 ) -> Result<T> {
     let cache = w.store().extension::<QueueCache>();
@@ -64,7 +68,7 @@ pub(crate) fn with_index<T>(
         state,
         cache: &cache,
         later: Vec::new(),
-        known: &|_| None,
+        known,
     };
     let value = f(&mut ix)?;
     for fact in std::mem::take(&mut ix.later) {
@@ -1313,12 +1317,52 @@ fn backfill(w: &mut Writer<'_>, spec: &QueueSpec, id: i64) -> Result<()> {
     let sql =
         format!("SELECT seq FROM fact WHERE type_id IN ({list}) AND seq > {after} ORDER BY seq");
     let seqs: Vec<i64> = w.sql().query_vec(&sql, args![], |r| r.get(0))?;
-    for seq in seqs {
-        let fact = w.sql().fact_at(seq)?.ok_or_else(|| Error::Queue {
-            queue: spec.name.clone(),
-            reason: format!("released fact {seq} vanished during the back-fill"),
-        })?;
-        with_index(w, |ix| ix.queue_on_release(&fact, seq, Some(id)))?;
+    // A page of facts and their edges toward predecessors read at once (two statements
+    // for each, where a fact and the walk up from it were read one by one), then
+    // replayed one by one in release order.
+    for page in seqs.chunks(BACKFILL_PAGE) {
+        let list = page
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut facts: HashMap<i64, Fact> = HashMap::with_capacity(page.len());
+        for (seq, hash, bytes) in w.sql().query_vec(
+            &format!("SELECT seq, hash, bytes FROM fact WHERE seq IN ({list})"),
+            args![],
+            |r| Ok((r.get::<i64>(0)?, r.hash(1)?, r.get::<Vec<u8>>(2)?)),
+        )? {
+            facts.insert(seq, crate::encoding::decode_fact(&bytes, Some(hash))?);
+        }
+        let mut preds: HashMap<i64, Vec<(FactHash, i64, i64)>> = HashMap::new();
+        for (succ, hash, pred, pred_type) in w.sql().query_vec(
+            &format!(
+                "SELECT e.successor, f.hash, e.predecessor, e.predecessor_type
+                 FROM edge e JOIN fact f ON f.seq = e.predecessor
+                 WHERE e.successor IN ({list})"
+            ),
+            args![],
+            |r| Ok((r.get::<i64>(0)?, r.hash(1)?, r.get(2)?, r.get(3)?)),
+        )? {
+            preds.entry(succ).or_default().push((hash, pred, pred_type));
+        }
+        for &seq in page {
+            let fact = facts.remove(&seq).ok_or_else(|| Error::Queue {
+                queue: spec.name.clone(),
+                reason: format!("released fact {seq} vanished during the back-fill"),
+            })?;
+            let edges = preds.remove(&seq).unwrap_or_default();
+            let known = |h: &FactHash| {
+                edges
+                    .iter()
+                    .find(|(p, _, _)| p == h)
+                    .map(|&(_, seq, ty)| (seq, ty))
+            };
+            with_index_known(w, &known, |ix| ix.queue_on_release(&fact, seq, Some(id)))?;
+        }
     }
     Ok(())
 }
+
+/// Facts a queue's back-fill reads at once.
+const BACKFILL_PAGE: usize = 1_000;
