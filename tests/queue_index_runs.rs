@@ -13,6 +13,7 @@
 //! is stored (its facts and edges read a page at a time).
 
 mod common;
+mod sync_support;
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ use precedent::{Fact, FactHash, Store, StoreOptions, args};
 use proptest::prelude::*;
 
 use common::backend::{Backend, TestDb};
+use sync_support::{JSON_CT, Node, http};
 
 const T0: i64 = 1_800_000_000_000;
 
@@ -356,4 +358,67 @@ fn a_batch_of_orders_and_their_shipments_indexes_as_on_sqlite() {
         index(&runs),
         "after the batch of two runs"
     );
+}
+
+/// Pushes to `precedent serve` (`POST /v1/facts`), 300 records each, to a store with
+/// queues: on PostgreSQL each is written as a batch in runs with the queue index called
+/// after each run (a push to a store without queues would be streamed into `COPY`). The
+/// same pushes to a server on SQLite end in the same index (but for when each input
+/// became claimable: the servers' clocks run).
+#[test]
+fn pushes_to_a_server_index_as_on_sqlite() {
+    if !(Backend::Sqlite.ready() && Backend::Postgres.ready()) {
+        return;
+    }
+    let nodes = [Node::on(Backend::Sqlite), Node::on(Backend::Postgres)];
+    for n in &nodes {
+        declare(&n.store());
+    }
+    let servers: Vec<_> = nodes.iter().map(Node::serve).collect();
+    // Orders, each after an earlier one now and then; shipments and cancellations of
+    // earlier ones among them, so that pushes carry inputs and completions both.
+    let steps: Vec<Step> = (0..1_500usize)
+        .map(|i| match i % 5 {
+            0..=2 => Step::Order {
+                shop: i % SHOPS,
+                after: (i % 7 == 0).then_some(i * 13),
+            },
+            3 => Step::Shipped { order: i * 7, n: 0 },
+            _ => Step::Cancelled { order: i * 11 },
+        })
+        .collect();
+    let all = facts(&steps);
+    // Pushes of 300 records: over the 256 from which a batch is guessed new.
+    for (k, chunk) in all.chunks(300).enumerate() {
+        let body = serde_json::Value::Array(
+            chunk
+                .iter()
+                .map(|f| serde_json::from_str(&precedent::json::to_json(f).to_string()).unwrap())
+                .collect(),
+        )
+        .to_string();
+        let mut reports = Vec::new();
+        for server in &servers {
+            let (status, report) =
+                http(server, "POST", "/v1/facts", JSON_CT, body.as_bytes(), None);
+            assert_eq!(status, 200, "push {k}: {report}");
+            reports.push((report["inserted"].as_u64(), report["duplicates"].as_u64()));
+        }
+        assert_eq!(reports[0], reports[1], "push {k}");
+    }
+    let untimed = |store: Store| {
+        let (items, blocks, counts) = index(&store);
+        let items: Vec<_> = items
+            .into_iter()
+            .map(|(q, h, state, blockers, at)| (q, h, state, blockers, at.is_some()))
+            .collect();
+        (items, blocks, counts)
+    };
+    let (sqlite, postgres) = (untimed(nodes[0].store()), untimed(nodes[1].store()));
+    assert!(
+        !sqlite.1.is_empty() && sqlite.2.iter().all(|(_, c)| *c > 10),
+        "the pushes made blocks and completions: {:?}",
+        (sqlite.1.len(), &sqlite.2)
+    );
+    assert_eq!(sqlite, postgres);
 }
