@@ -231,6 +231,13 @@ impl NewItems {
     fn pending(&self, queue: i64, input: i64) -> bool {
         self.at.contains_key(&(queue, input))
     }
+
+    /// Whether a new row waits for input `input` of queue `queue` (a block here names it).
+    fn waits_for(&self, queue: i64, input: i64) -> bool {
+        self.blocks
+            .iter()
+            .any(|&(q, blocker, _)| q == queue && blocker == input)
+    }
 }
 
 /// An item row of [`NewItems`]: its columns.
@@ -249,8 +256,8 @@ struct NewItem {
 /// (`QueueTx::parents`); past it the cache starts again.
 const PARENTS: usize = 65_536;
 
-/// Item rows waiting in [`NewItems`] at most: the transaction writes them when one more
-/// would be indexed.
+/// Item rows, and completions, waiting in [`NewItems`] at most: the transaction writes
+/// them when one more would be kept.
 const NEW_ITEMS: usize = 8_192;
 
 /// Writes the item rows and blocks of [`NewItems`] in one statement, then deletes the
@@ -414,8 +421,10 @@ pub(crate) struct Ix<'a> {
     pub(crate) state: &'a mut TxState,
     pub(crate) cache: &'a QueueCache,
     pub(crate) later: Vec<Fact>,
-    /// The sequence numbers of the released fact's predecessors, as the store read them
-    /// to write its edges: an ending names its input by hash, and this spares the lookup.
+    /// The sequence numbers and type ids of the released fact's predecessors, as the store
+    /// read them to write its edges: an ending names its input by hash, and this spares
+    /// the lookup (and tells a predecessor not of the input type); the walk for
+    /// unfinished ancestor inputs starts from them.
     pub(crate) known: &'a dyn Fn(&FactHash) -> Option<(i64, i64)>,
 }
 
@@ -888,7 +897,10 @@ impl Ix<'_> {
 
     /// Ends an input: drops its local state and unblocks the inputs that waited for it.
     ///
-    /// This runs for every completing fact, so it pays only for what the input needs. The
+    /// This runs for every completing fact, so it pays only for what the input needs. A
+    /// predecessor not of the input type ends nothing; an input indexed in this
+    /// transaction is ended in [`NewItems`]; on PostgreSQL a completion of an input with
+    /// its seq known is kept there for [`flush_new`], unless a new row waits for it. The
     /// common input (its seq known from the completing fact's edge, waiting for no other
     /// input and blocking none) goes in one statement. Otherwise one probe finds its seq
     /// and item row together, the blocks it waits for are deleted only if it has any
@@ -927,11 +939,7 @@ impl Ix<'_> {
             }
             // Ended with the new rows' statement, unless a new row waits for it (whose
             // block its ending must see written).
-            if !new
-                .blocks
-                .iter()
-                .any(|&(queue, blocker, _)| queue == q.id && blocker == seq)
-            {
+            if !new.waits_for(q.id, seq) {
                 if new.ends.len() >= NEW_ITEMS {
                     flush_pending(self.tx, self.state)?;
                 }
@@ -944,15 +952,7 @@ impl Ix<'_> {
         // What follows reads item rows: the deferred deletes go first, and the new rows
         // too when one of them is blocked by this input (the delete below looks for its
         // blocks); all before the reads past it.
-        let blocks_new = known.is_some_and(|seq| {
-            self.state
-                .get::<QueueTx>()
-                .new
-                .blocks
-                .iter()
-                .any(|&(queue, blocker, _)| queue == q.id && blocker == seq)
-        });
-        if blocks_new {
+        if known.is_some_and(|seq| self.state.get::<QueueTx>().new.waits_for(q.id, seq)) {
             flush_pending(self.tx, self.state)?;
         } else {
             flush_deletes(self.tx, self.state)?;

@@ -244,12 +244,13 @@ impl PgWrite<'_> {
     /// trips per batch.
     ///
     /// A batch of at least [`GUESS_FROM`] facts, with no hook that must see each fact
-    /// before the next is written and nothing written ahead, is first written on the guess that those of its facts that
-    /// [`super::recent`] does not know of are new: its look-up then asks only for
-    /// predecessors from outside the batch. The guess is checked by the unique hash of
-    /// the fact table as the rows are written, under a savepoint of its own; if a fact
-    /// was stored already, the savepoint is rolled back (with the counters, names and
-    /// releases it saw) and the batch is written again, its own hashes looked up.
+    /// before the next is written and nothing written ahead, is first written on the
+    /// guess that those of its facts that [`super::recent`] does not know of are new: its
+    /// look-up then asks only for predecessors from outside the batch. The guess is
+    /// checked by the unique hash of the fact table as the rows are written, under a
+    /// savepoint of its own; if a fact was stored already, the savepoint is rolled back
+    /// (with the counters, names and releases it saw, and what the hooks kept) and the
+    /// batch is written again, its own hashes looked up.
     pub(super) fn insert_many(
         &mut self,
         facts: Vec<Fact>,

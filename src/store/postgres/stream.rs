@@ -39,7 +39,7 @@ impl PgWrite<'_> {
     ) -> Result<BatchReport> {
         let hooking = Hooking::of(hooks, self)?;
         if hint < GUESS_FROM
-            || hooking != Hooking::Idle
+            || hooking.hooked()
             || self.tx.ahead.borrow().on
             || self.counters().held != 0
             || !self.tx.backend.shared.recent.may_guess()
