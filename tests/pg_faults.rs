@@ -132,6 +132,12 @@ fn hashes(facts: &[Fact]) -> HashSet<FactHash> {
 /// held on the server until their ancestors come); returns the status code and the
 /// answer's `held` count.
 fn raw_push(server: &str, facts: &[Fact]) -> (u16, u64) {
+    let (status, answer) = push_answer(server, facts);
+    (status, answer["held"].as_u64().unwrap_or(0))
+}
+
+/// [`raw_push`], returning the status code and the answer (`Null` when it is not JSON).
+fn push_answer(server: &str, facts: &[Fact]) -> (u16, serde_json::Value) {
     let addr = server.trim_start_matches("http://").trim_end_matches('/');
     let body: Vec<u8> = facts
         .iter()
@@ -155,11 +161,44 @@ fn raw_push(server: &str, facts: &[Fact]) -> (u16, u64) {
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("no status in {answer:?}"));
     let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
-    let held = serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|b| b["held"].as_u64())
-        .unwrap_or(0);
-    (status, held)
+    (status, serde_json::from_str(body).unwrap_or_default())
+}
+
+/// A push large enough to be streamed into the fact table and guessed new, whose first
+/// half another server on the database stored: the stream meets them stored (at a name
+/// the second server had not cached, where its `COPY` ends), rolls back to its savepoint
+/// and stores the whole push again, looked up. Each fact once, the new ones released,
+/// seqs dense.
+#[test]
+fn a_streamed_push_of_facts_another_server_stored_is_stored_once() {
+    let Some(hub) = pg::db() else { return };
+    ok(&hub.url, &["init"]);
+    let s1 = Server::start(p(&hub.url));
+    let s2 = Server::start(p(&hub.url));
+    let facts = chains("streamed", 4, 300);
+    let (status, first) = push_answer(&s1.url, &facts[..600]);
+    assert_eq!(
+        (status, first["inserted"].as_u64()),
+        (200, Some(600)),
+        "{first}"
+    );
+    // The second server has not seen them: nothing tells it they are stored.
+    let (status, both) = push_answer(&s2.url, &facts);
+    assert_eq!(status, 200, "{both}");
+    assert_eq!(both["inserted"].as_u64(), Some(600), "{both}");
+    assert_eq!(both["duplicates"].as_u64(), Some(600), "{both}");
+    assert_eq!(both["seqs"], serde_json::json!([[601, 1200]]), "{both}");
+    // And a push after it, on the same server, streams again.
+    let more = chains("after", 2, 300);
+    let (status, after) = push_answer(&s2.url, &more);
+    assert_eq!(
+        (status, after["inserted"].as_u64()),
+        (200, Some(600)),
+        "{after}"
+    );
+    stored_once(&hub);
+    let all: HashSet<FactHash> = hashes(&facts).into_iter().chain(hashes(&more)).collect();
+    assert_same(&set(&sound(&hub.url)), &all, "the hub has both pushes");
 }
 
 /// Point 1: two servers on one database, pushed at once by two SQLite nodes with

@@ -58,7 +58,10 @@ impl PgWrite<'_> {
                 Ok(report)
             }
             Ok(None) => {
-                // A fact of the stream was stored already: written again, looked up.
+                // A fact of the stream was stored already: written again, looked up,
+                // with the facts not taken yet (a `COPY` that ends at a new name before
+                // the last fact fails there).
+                all.extend(facts);
                 self.tx.backend.shared.recent.guess_failed();
                 self.back_to_guess(mark)?;
                 hooks.savepoint_closed(true);
