@@ -47,6 +47,13 @@ pub fn piece_len(n: usize, threads: usize) -> usize {
     PIECE.min(n.div_ceil(threads.max(1) * 2)).max(MIN_PIECE)
 }
 
+/// How many of the first items [`in_order`] makes in the caller's thread, for pieces of
+/// `piece`: a quarter of a piece, about as long as the threads take to start and make
+/// their first (an eighth of a piece).
+pub fn head_len(piece: usize) -> usize {
+    (piece / 4).max(1)
+}
+
 /// The threads to decode with: `requested`, or one per core when it is 0.
 pub fn threads(requested: usize) -> usize {
     if requested > 0 {
@@ -221,6 +228,8 @@ where
 /// order of `items`, as they come: the threads start when `body` asks for its first
 /// result, so that what `body` does before it (a server's push takes the write lock) has
 /// the cores to itself, and then decode ahead of it while it stores what it has taken.
+/// The first [`head_len`] results are made in the caller's thread as `body` takes them,
+/// while the threads start and make their first: `body` has its first result at once.
 /// Once `body` returns, results not taken are not computed (the threads stop at their
 /// next piece) and this waits for them. If no thread can be started, the work is done
 /// in the caller's thread.
@@ -244,18 +253,20 @@ where
         return body(&mut items.iter().map(f));
     }
     let f = &f;
+    let (head, rest) = items.split_at(head_len(piece));
     std::thread::scope(|scope| {
-        // The threads start when `body` asks for its first result.
-        let mut outputs = std::iter::once(()).flat_map(|()| -> Box<dyn Iterator<Item = O>> {
+        // The threads start when `body` asks for its first result, for the items after
+        // the head, which this thread makes meanwhile.
+        let start = || -> Box<dyn Iterator<Item = O>> {
             let started = Ordered::start(
                 scope,
                 "decode",
                 threads,
                 2,
-                |give| {
+                move |give| {
                     // The first pieces are smaller, doubling up to `piece`: the first
                     // results are ready sooner.
-                    let (mut rest, mut len) = (items, (piece / 8).max(1));
+                    let (mut rest, mut len) = (rest, (piece / 8).max(1));
                     while !rest.is_empty() {
                         let (now, next) = rest.split_at(len.min(rest.len()));
                         if !give(now) {
@@ -269,7 +280,17 @@ where
             match started {
                 Ok(pieces) => Box::new(pieces.flatten()),
                 // No thread to be had: decoded in this one.
-                Err(_) => Box::new(items.iter().map(f)),
+                Err(_) => Box::new(rest.iter().map(f)),
+            }
+        };
+        let (mut start, mut head, mut rest) = (Some(start), head.iter(), None);
+        let mut outputs = std::iter::from_fn(move || {
+            if let Some(start) = start.take() {
+                rest = Some(start());
+            }
+            match head.next() {
+                Some(item) => Some(f(item)),
+                None => rest.as_mut()?.next(),
             }
         });
         let result = body(&mut outputs);
@@ -291,22 +312,32 @@ mod tests {
         assert_eq!(piece_len(3_000, 2), 750);
         assert_eq!(piece_len(10_000, 2), PIECE);
         assert_eq!(piece_len(100, 2), MIN_PIECE);
-        // Decoded on both threads, none of it in the caller's: the workers' names.
+        // The head in the caller's thread, the rest on both workers: who made each.
         let items: Vec<u64> = (0..1_000).collect();
-        let mut names = std::collections::BTreeSet::new();
+        let caller = std::thread::current().id();
+        let mut names = Vec::new();
         for_each_in_order(
             &items,
             2,
-            |_| std::thread::current().name().map(str::to_string),
+            |_| {
+                let me = std::thread::current();
+                (me.id() == caller)
+                    .then(|| "caller".to_string())
+                    .or(me.name().map(str::to_string))
+            },
             |name| {
-                names.insert(name);
+                names.push(name);
                 Ok::<(), Error>(())
             },
         )
         .unwrap();
+        let head = head_len(piece_len(1_000, 2));
+        assert_eq!(head, 62);
+        assert!(names[..head].iter().all(|n| n.as_deref() == Some("caller")));
+        let rest: std::collections::BTreeSet<_> = names[head..].iter().cloned().collect();
         let want: std::collections::BTreeSet<_> =
             [Some("decode-0".to_string()), Some("decode-1".to_string())].into();
-        assert_eq!(names, want);
+        assert_eq!(rest, want);
     }
 
     #[test]

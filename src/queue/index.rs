@@ -132,6 +132,9 @@ pub(crate) struct QueueTx {
     /// The declarations as this transaction read them: `None` until they are read, and
     /// again after a declaration changes or a savepoint rolls back.
     pub(crate) defs: Option<Arc<QueueDefs>>,
+    /// The `queues` counter may have moved in this transaction (a declaration, or a
+    /// savepoint rolled back): the value read with the write lock is not taken for it.
+    pub(crate) moved: bool,
     /// Completions and failures to add to the per-minute rates (and completions to the
     /// queue's counter) at commit: (queue id, minute, completed, failed).
     pub(crate) rates: Vec<(i64, i64, i64, i64)>,
@@ -450,11 +453,23 @@ impl QueueDefs {
 
 /// Reads the declarations unless the cached ones are still current.
 pub(crate) fn load_defs(tx: &dyn ReadTx, cache: &QueueCache) -> Result<Arc<QueueDefs>> {
-    let generation: i64 = tx.query_one(
-        "SELECT value FROM counter WHERE name = 'queues'",
-        args![],
-        |r| r.get(0),
-    )?;
+    load_defs_at(tx, cache, None)
+}
+
+/// [`load_defs`], with the `queues` counter given when it is known.
+fn load_defs_at(
+    tx: &dyn ReadTx,
+    cache: &QueueCache,
+    generation: Option<i64>,
+) -> Result<Arc<QueueDefs>> {
+    let generation: i64 = match generation {
+        Some(g) => g,
+        None => tx.query_one(
+            "SELECT value FROM counter WHERE name = 'queues'",
+            args![],
+            |r| r.get(0),
+        )?,
+    };
     let mut cached = cache.defs.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(c) = &*cached
         && c.generation == generation
@@ -499,10 +514,14 @@ pub(crate) fn defs_for(
     state: &mut TxState,
     cache: &QueueCache,
 ) -> Result<Arc<QueueDefs>> {
-    if let Some(d) = &state.get::<QueueTx>().defs {
+    let qtx = state.get::<QueueTx>();
+    if let Some(d) = &qtx.defs {
         return Ok(d.clone());
     }
-    let defs = load_defs(tx, cache)?;
+    // Declarations move the counter only under the write lock: read with it, it is
+    // current unless this transaction moved it since.
+    let at_lock = (!qtx.moved).then(|| tx.counter_at_lock("queues")).flatten();
+    let defs = load_defs_at(tx, cache, at_lock)?;
     state.get::<QueueTx>().defs = Some(defs.clone());
     Ok(defs)
 }
@@ -510,7 +529,9 @@ pub(crate) fn defs_for(
 /// Forgets that this transaction checked the declarations (after a declaration changed,
 /// or a savepoint rolled back).
 pub(crate) fn uncheck(state: &mut TxState) {
-    state.get::<QueueTx>().defs = None;
+    let qtx = state.get::<QueueTx>();
+    qtx.defs = None;
+    qtx.moved = true;
 }
 
 impl Ix<'_> {

@@ -838,6 +838,7 @@ impl Store {
                 "UPDATE counter SET value = value + 1 WHERE name = 'queues'",
                 args![],
             )?;
+            uncheck(w.split().1);
             Ok(())
         })
     }

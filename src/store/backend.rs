@@ -562,6 +562,16 @@ pub trait ReadTx: Sql {
     /// [`Error::Backend`].
     fn last_seq(&self) -> Result<i64>;
 
+    /// The value the row `name` of the `counter` table had when this transaction took
+    /// the write lock, if the backend read it then (on PostgreSQL a write transaction
+    /// reads them all with the lock, in the lock's round trip), and `None` otherwise: a
+    /// client whose counter only moves under the write lock may take it for a statement
+    /// of its own, unless it moved the counter itself since.
+    fn counter_at_lock(&self, name: &str) -> Option<i64> {
+        let _ = name;
+        None
+    }
+
     /// Counts per type, held and edges, and the database size.
     ///
     /// # Errors
@@ -703,6 +713,18 @@ pub trait WriteTx: ReadTx {
     ) -> Result<BatchReport> {
         let _ = hint;
         self.insert_batch(facts.collect(), hooks)
+    }
+
+    /// The highest release sequence, read under the write lock as [`ReadTx::last_seq`]
+    /// reads it, by a transaction whose next insert is [`WriteTx::insert_streamed`] of
+    /// about `hint` facts: a backend may make ready for it in the same round trip (on
+    /// PostgreSQL, the savepoint of a stream guessed new goes with the lock's statement).
+    ///
+    /// # Errors
+    /// As [`ReadTx::last_seq`].
+    fn last_seq_before_stream(&mut self, hint: usize) -> Result<i64> {
+        let _ = hint;
+        self.as_read().last_seq()
     }
 
     /// Drops the held facts `hashes` and every held fact waiting for one of them,

@@ -728,6 +728,14 @@ impl<'a> Writer<'a> {
         self.batch_done(report)
     }
 
+    /// The highest release sequence, under the write lock, before an
+    /// [`Writer::insert_streamed`] of about `hint` facts
+    /// ([`WriteTx::last_seq_before_stream`]).
+    #[cfg(feature = "server")]
+    pub(crate) fn last_seq_before_stream(&mut self, hint: usize) -> Result<i64> {
+        self.tx.last_seq_before_stream(hint)
+    }
+
     /// Inserts what release hooks asked for, and what those inserts ask for in turn.
     fn insert_later(&mut self) -> Result<()> {
         while !self.later.is_empty() {

@@ -143,6 +143,8 @@ pub(crate) struct Tx<'a> {
     fresh: std::cell::Cell<bool>,
     /// `begin` is yet to be sent, with the first statement ([`Tx::begin_with_first`]).
     unbegun: std::cell::Cell<bool>,
+    /// Statements run so far ([`Tx::statements`]).
+    statements: std::cell::Cell<u64>,
 }
 
 /// Released facts whose rows are sent with the next statement of the transaction rather
@@ -364,6 +366,7 @@ impl<'a> Tx<'a> {
             ahead: RefCell::default(),
             begin,
             fresh: std::cell::Cell::new(true),
+            statements: std::cell::Cell::new(0),
             unbegun: std::cell::Cell::new(unbegun),
         }
     }
@@ -430,9 +433,16 @@ impl<'a> Tx<'a> {
         })?;
         self.send_begin(&mut conn, None)?;
         let conn = conn.as_mut().expect("present until drop");
+        self.statements.set(self.statements.get() + 1);
         self.write_ahead_rows(conn)?;
         self.fresh.set(false);
         f(conn)
+    }
+
+    /// How many times the transaction has gone to the server (a statement, a `COPY`,
+    /// facts written ahead sent): the same count means nothing ran in between.
+    pub(crate) fn statements(&self) -> u64 {
+        self.statements.get()
     }
 
     /// Writes the facts written ahead, before any other statement runs.

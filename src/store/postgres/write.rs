@@ -48,11 +48,18 @@ pub(crate) struct PgWrite<'a> {
     pub(super) locked: Cell<Option<Locked>>,
     /// The counters when the lock was taken, to write back only a change.
     pub(super) at_lock: Cell<Locked>,
+    /// The other rows of `counter` when the lock was taken ([`ReadTx::counter_at_lock`]).
+    others_at_lock: std::cell::RefCell<Vec<(String, i64)>>,
     /// The mark of each open savepoint of the caller's.
     savepoints: Vec<Mark>,
     /// The savepoint of a batch guessed new ([`PgWrite::insert_many`]) is open: it is
     /// released by the next one, by a savepoint of the caller's, or by the commit.
     pub(super) guess_open: bool,
+    /// The savepoint of a stream guessed new went with the lock's statement
+    /// ([`WriteTx::last_seq_before_stream`]): what rolling back to it restores, and the
+    /// transaction's statements then. A stream that follows with no statement in between
+    /// takes it as its own.
+    pub(super) guess_at_lock: Option<(Mark, u64)>,
     /// A batch guessed new is being written ([`PgWrite::flush`]).
     pub(super) guessing: bool,
     /// A fact of the batch guessed new was stored already.
@@ -73,6 +80,13 @@ crate::store::shared::forward_to_tx!(sql PgWrite<'_>);
 
 impl ReadTx for PgWrite<'_> {
     crate::store::shared::forward_to_tx!(reads);
+
+    fn counter_at_lock(&self, name: &str) -> Option<i64> {
+        // A lock rolled back with a savepoint is taken again, and the rows read again.
+        self.locked.get()?;
+        let others = self.others_at_lock.borrow();
+        others.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
+    }
 
     fn held_count(&self) -> Result<u64> {
         match self.locked.get() {
@@ -114,6 +128,22 @@ impl WriteTx for PgWrite<'_> {
     ) -> Result<BatchReport> {
         self.lock()?;
         self.insert_stream(facts, hint, hooks)
+    }
+
+    fn last_seq_before_stream(&mut self, hint: usize) -> Result<i64> {
+        if self.locked.get().is_some() || !self.may_stream(hint) {
+            return Ok(self.lock()?.seq);
+        }
+        // The stream's savepoint, after the lock and the counters, in their round trip.
+        let savepoint = if self.guess_open {
+            "RELEASE SAVEPOINT precedent_guess; SAVEPOINT precedent_guess"
+        } else {
+            "SAVEPOINT precedent_guess"
+        };
+        let locked = self.lock_then(Some(savepoint))?;
+        self.guess_open = true;
+        self.guess_at_lock = Some((self.mark(), self.tx.statements()));
+        Ok(locked.seq)
     }
 
     fn drop_held(&mut self, hashes: &[FactHash]) -> Result<Vec<FactHash>> {
@@ -226,8 +256,10 @@ impl<'a> PgWrite<'a> {
             names: Fresh::default(),
             locked: Cell::new(None),
             at_lock: Cell::new(Locked::default()),
+            others_at_lock: std::cell::RefCell::default(),
             savepoints: Vec::new(),
             guess_open: false,
+            guess_at_lock: None,
             guessing: false,
             guess_failed: false,
             released: Vec::new(),
@@ -240,16 +272,31 @@ impl<'a> PgWrite<'a> {
     /// Takes the write lock, if this transaction has not, and reads the counters it
     /// guards. Waits up to the busy timeout (`lock_timeout`), then fails as busy.
     pub(super) fn lock(&self) -> Result<Locked> {
+        self.lock_then(None)
+    }
+
+    /// [`PgWrite::lock`], with `then` (statements without parameters and rows) after it
+    /// in the same round trip if the lock is taken now.
+    fn lock_then(&self, then: Option<&str>) -> Result<Locked> {
         if let Some(l) = self.locked.get() {
             return Ok(l);
         }
         // The counters in a statement of their own, so that their snapshot is taken
         // after the lock is granted; both statements in one round trip.
         let mut l = Locked::default();
-        for row in self.tx.simple_rows(&format!(
+        let mut sql = format!(
             "SELECT pg_advisory_xact_lock({WRITE_LOCK});
-             SELECT name, value FROM counter WHERE name IN ('held', 'seq')"
-        ))? {
+             SELECT name, value FROM counter"
+        );
+        if let Some(then) = then {
+            sql = format!("{sql}; {then}");
+        }
+        let mut others = Vec::new();
+        for row in self.tx.simple_rows(&sql)? {
+            if row.columns().len() != 2 {
+                // The lock's own row (`pg_advisory_xact_lock` returns void).
+                continue;
+            }
             let value = || -> Result<i64> {
                 row.get(1).and_then(|v| v.parse().ok()).ok_or_else(|| {
                     Error::Backend(BackendError::new(
@@ -261,10 +308,11 @@ impl<'a> PgWrite<'a> {
             match row.get(0) {
                 Some("held") => l.held = value()?,
                 Some("seq") => l.seq = value()?,
-                // The lock's own row (`pg_advisory_xact_lock` returns void).
-                _ => {}
+                Some(name) => others.push((name.to_string(), value()?)),
+                None => {}
             }
         }
+        *self.others_at_lock.borrow_mut() = others;
         self.tx.backend.shared.recent.database_at(l.seq);
         self.locked.set(Some(l));
         self.at_lock.set(l);

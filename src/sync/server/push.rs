@@ -281,7 +281,8 @@ impl Push {
             return Ok(());
         }
         if self.before.is_none() {
-            self.before = Some(w.max_seq()?);
+            // Under the write lock, as `max_seq` reads it, made ready for the stream.
+            self.before = Some(w.last_seq_before_stream(hint)?);
         }
         let batch = w.insert_streamed(facts, hint)?;
         self.total.merge(batch);
