@@ -54,6 +54,26 @@ pub fn head_len(piece: usize) -> usize {
     (piece / 4).max(1)
 }
 
+/// Drops `facts` on a thread of its own (started on first use) when the caller is their
+/// last owner, so that a writer does not spend its time freeing them: an import's
+/// batches, a push's facts once stored. One lot waits there at most; while one does, the
+/// caller frees its own.
+pub fn drop_elsewhere(facts: Vec<Fact>) {
+    static DROPPER: std::sync::OnceLock<Option<SyncSender<Vec<Fact>>>> = std::sync::OnceLock::new();
+    let dropper = DROPPER.get_or_init(|| {
+        let (tx, rx) = sync_channel::<Vec<Fact>>(1);
+        std::thread::Builder::new()
+            .name("precedent-drop".into())
+            .spawn(move || rx.into_iter().for_each(drop))
+            .ok()
+            .map(|_| tx)
+    });
+    if let Some(tx) = dropper {
+        // Refused (a lot waits, or the thread is gone): dropped here with the error.
+        let _ = tx.try_send(facts);
+    }
+}
+
 /// The threads to decode with: `requested`, or one per core when it is 0.
 pub fn threads(requested: usize) -> usize {
     if requested > 0 {

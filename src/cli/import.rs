@@ -6,7 +6,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::Path;
-use std::sync::mpsc::{SyncSender, sync_channel};
 
 use anyhow::Context;
 use indicatif::ProgressBar;
@@ -293,7 +292,7 @@ fn import_chunk(
     // The facts are freed on another thread (about fifteen allocations each), not in
     // this one, which stores.
     let report = w.insert_batch(facts.clone())?;
-    drop_elsewhere(facts);
+    precedent::ingest::drop_elsewhere(facts);
     let held_any = report.held > 0;
     tally.inserted += report.inserted;
     tally.duplicate += report.duplicates;
@@ -326,24 +325,6 @@ fn import_chunk(
     }
     pb.set_message(format!("{} records", tally.records));
     Ok(held_any)
-}
-
-/// Drops `facts` on a thread of their own when they are its last owner, so that the
-/// writer does not spend its time freeing them; one batch at a time waits there.
-fn drop_elsewhere(facts: Vec<precedent::Fact>) {
-    static DROPPER: std::sync::OnceLock<Option<SyncSender<Vec<precedent::Fact>>>> =
-        std::sync::OnceLock::new();
-    let dropper = DROPPER.get_or_init(|| {
-        let (tx, rx) = sync_channel::<Vec<precedent::Fact>>(1);
-        std::thread::Builder::new()
-            .name("import-drop".into())
-            .spawn(move || rx.into_iter().for_each(drop))
-            .ok()
-            .map(|_| tx)
-    });
-    if let Some(tx) = dropper {
-        let _ = tx.send(facts);
-    }
 }
 
 /// Resolves a prefix against the facts of the current chunk and the store together.

@@ -132,8 +132,8 @@ pub(crate) struct QueueTx {
     /// The declarations as this transaction read them: `None` until they are read, and
     /// again after a declaration changes or a savepoint rolls back.
     pub(crate) defs: Option<Arc<QueueDefs>>,
-    /// The `queues` counter may have moved in this transaction (a declaration, or a
-    /// savepoint rolled back): the value read with the write lock is not taken for it.
+    /// The `queues` counter may have moved in this transaction (a queue declared or
+    /// dropped in it): the value read with the write lock is not taken for it.
     pub(crate) moved: bool,
     /// Completions and failures to add to the per-minute rates (and completions to the
     /// queue's counter) at commit: (queue id, minute, completed, failed).

@@ -10,7 +10,7 @@
 //! one writer at a time, and release numbers continue the last committed one. A
 //! transaction that writes only client tables (a queue claim) never takes it.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use super::conn::Tx;
@@ -49,7 +49,7 @@ pub(crate) struct PgWrite<'a> {
     /// The counters when the lock was taken, to write back only a change.
     pub(super) at_lock: Cell<Locked>,
     /// The other rows of `counter` when the lock was taken ([`ReadTx::counter_at_lock`]).
-    others_at_lock: std::cell::RefCell<Vec<(String, i64)>>,
+    others_at_lock: RefCell<Vec<(String, i64)>>,
     /// The mark of each open savepoint of the caller's.
     savepoints: Vec<Mark>,
     /// The savepoint of a batch guessed new ([`PgWrite::insert_many`]) is open: it is
@@ -256,7 +256,7 @@ impl<'a> PgWrite<'a> {
             names: Fresh::default(),
             locked: Cell::new(None),
             at_lock: Cell::new(Locked::default()),
-            others_at_lock: std::cell::RefCell::default(),
+            others_at_lock: RefCell::default(),
             savepoints: Vec::new(),
             guess_open: false,
             guess_at_lock: None,
