@@ -129,3 +129,115 @@ fn serve_on_postgres_syncs_both_ways_with_a_sqlite_node() {
     );
     drop(server);
 }
+
+/// `precedent --db URL ARGS..` with libpq's variables `env` set (and the others cleared,
+/// as for every test command).
+fn with_env(url: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut c = common::bin::cmd(Path::new(url), args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// What a URL leaves out comes from libpq's variables and password file, as for `psql`:
+/// the password from `PGPASSWORD` or a private password file (one others may read is
+/// passed over, and the refusal says so), the URL's own password first; a bare
+/// `postgres://` from `PGHOST`, `PGPORT`, `PGUSER` and `PGDATABASE`.
+#[test]
+fn what_the_url_leaves_out_comes_from_libpqs_variables_and_password_file() {
+    let Some(db) = pg::db() else { return };
+    // Made by the password user, whose tables they are.
+    let owner = db.url_with_password(pg::PASSWORD);
+    ok(&owner, &["init"], b"");
+    ok(&owner, &["add", r#"{"type":"Shop","fields":{}}"#], b"");
+    let port = db.cluster.port.to_string();
+    // The password user, over TCP, where its password is asked for.
+    let url = format!(
+        "postgres://{}@127.0.0.1:{port}/{}",
+        pg::PASSWORD_USER,
+        db.name
+    );
+    let released = |out: &std::process::Output| {
+        assert_eq!(code(out), 0, "{}", stderr(out));
+        let stats: Json = serde_json::from_str(&stdout(out)).unwrap();
+        stats["released"].as_i64()
+    };
+
+    let out = with_env(&url, &["stats"], &[]);
+    assert_eq!(code(&out), 4, "a database error (README)");
+    let err = stderr(&out);
+    assert!(
+        err.contains("asks a password") && err.contains("PGPASSWORD") && err.contains(".pgpass"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    let out = with_env(&url, &["--json", "stats"], &[("PGPASSWORD", pg::PASSWORD)]);
+    assert_eq!(released(&out), Some(1));
+    // A wrong one says where it came from, and is not shown.
+    let out = with_env(&url, &["stats"], &[("PGPASSWORD", "hunter2")]);
+    let err = stderr(&out);
+    assert_eq!(code(&out), 4);
+    assert!(
+        err.contains("password refused") && err.contains("PGPASSWORD"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+    // The URL's password comes first.
+    let wrong_in_url = url.replace("pw_user@", "pw_user:wrong@");
+    let out = with_env(&wrong_in_url, &["stats"], &[("PGPASSWORD", pg::PASSWORD)]);
+    assert!(
+        stderr(&out).contains("password refused"),
+        "{}",
+        stderr(&out)
+    );
+
+    // The password file: a line for another database, then the one that matches.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pgpass");
+    std::fs::write(
+        &file,
+        format!(
+            "127.0.0.1:{port}:other:{user}:wrong\n127.0.0.1:*:{}:{user}:{}\n",
+            db.name,
+            pg::PASSWORD,
+            user = pg::PASSWORD_USER
+        ),
+    )
+    .unwrap();
+    let pass_file = [("PGPASSFILE", file.to_str().unwrap())];
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(
+        released(&with_env(&url, &["--json", "stats"], &pass_file)),
+        Some(1)
+    );
+    // Others may read it: not read, and the refusal says why.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = with_env(&url, &["stats"], &pass_file);
+    assert_eq!(code(&out), 4);
+    assert!(stderr(&out).contains("chmod 0600"), "{}", stderr(&out));
+
+    // A bare URL: everything from the environment (the superuser, trusted on TCP).
+    let bare = [
+        ("PGHOST", "127.0.0.1"),
+        ("PGPORT", port.as_str()),
+        ("PGUSER", "postgres"),
+        ("PGDATABASE", db.name.as_str()),
+    ];
+    assert_eq!(
+        released(&with_env("postgres://", &["--json", "stats"], &bare)),
+        Some(1)
+    );
+    // PGPORT is used only where the URL gives no port: here it gives one.
+    let mut wrong_port = bare;
+    wrong_port[1].1 = "1";
+    let given = format!("postgres://postgres@127.0.0.1:{port}/{}", db.name);
+    assert_eq!(
+        released(&with_env(&given, &["--json", "stats"], &wrong_port)),
+        Some(1)
+    );
+    let out = with_env("postgres://", &["stats"], &wrong_port);
+    assert!(stderr(&out).contains("server down"), "{}", stderr(&out));
+}

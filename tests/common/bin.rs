@@ -22,12 +22,34 @@ pub fn cmd(db: &Path, args: &[&str]) -> Command {
     c
 }
 
-/// Clears what the environment of whoever runs the tests could change a command with.
+/// libpq's variables that a `postgres://` URL's missing parts are taken from
+/// (src/store/postgres/libpq.rs, tls.rs).
+pub const LIBPQ_VARS: &[&str] = &[
+    "PGHOST",
+    "PGPORT",
+    "PGDATABASE",
+    "PGUSER",
+    "PGPASSWORD",
+    "PGOPTIONS",
+    "PGAPPNAME",
+    "PGCONNECT_TIMEOUT",
+    "PGSSLMODE",
+    "PGSSLROOTCERT",
+    "PGSSLCERT",
+    "PGSSLKEY",
+];
+
+/// Clears what the environment of whoever runs the tests could change a command with:
+/// precedent's variables, its config file, and libpq's variables and password file.
 pub fn isolate(c: &mut Command) -> &mut Command {
+    for var in LIBPQ_VARS {
+        c.env_remove(var);
+    }
     c.env_remove("PRECEDENT_DB")
         .env_remove("PRECEDENT_TOKEN")
         .env_remove("PRECEDENT_CONFIG")
         .env_remove("PRECEDENT_CLOCK_OFFSET_MS")
+        .env("PGPASSFILE", "/nonexistent/precedent-tests/pgpass")
         .env("XDG_CONFIG_HOME", "/nonexistent/precedent-tests")
 }
 

@@ -100,8 +100,13 @@ fn io_error(e: &postgres::Error) -> Option<&std::io::Error> {
 }
 
 /// A failure to connect, as [`Error::Open`] naming `url` (password hidden) and saying
-/// which failure it is.
-pub(crate) fn connect(e: postgres::Error, url: &str, config: &postgres::Config) -> Error {
+/// which failure it is; `password` says where a refused password came from.
+pub(crate) fn connect(
+    e: postgres::Error,
+    url: &str,
+    config: &postgres::Config,
+    password: &super::libpq::Password,
+) -> Error {
     let user = config.get_user().unwrap_or("(default user)");
     let hosts = || {
         let ports = config.get_ports();
@@ -121,7 +126,10 @@ pub(crate) fn connect(e: postgres::Error, url: &str, config: &postgres::Config) 
     };
     let reason = match (e.as_db_error(), io_error(&e)) {
         (Some(db), _) if db.code().code() == "28P01" => {
-            format!("password refused for user {user:?} (sqlstate 28P01)")
+            format!(
+                "password refused for user {user:?} (sqlstate 28P01{})",
+                password.refused_note()
+            )
         }
         (Some(db), _) if db.code().code() == "28000" => {
             format!(
@@ -163,8 +171,11 @@ pub(crate) fn connect(e: postgres::Error, url: &str, config: &postgres::Config) 
         (None, Some(io)) if io.kind() == std::io::ErrorKind::TimedOut => {
             format!("no answer from {} (connect timed out)", hosts())
         }
-        _ if e.as_db_error().is_none() && e.to_string().contains("password missing") => {
-            format!("the server asks a password for user {user:?} and the url has none")
+        _ if e.as_db_error().is_none() && one_line(&e).contains("password missing") => {
+            format!(
+                "the server asks a password for user {user:?}, and {}",
+                password.missing_note()
+            )
         }
         _ => format!("cannot connect to {}: {}", hosts(), one_line(&e)),
     };

@@ -13,7 +13,8 @@
 //! - `recent.rs`: released facts seen lately, so a batch looks up only the others.
 //! - `read.rs`: reads; `verify.rs`: the whole-store check.
 //! - `tls.rs`: `sslmode`, `sslrootcert`, `sslcert`, `sslkey` as libpq reads them, over
-//!   rustls.
+//!   rustls; `libpq.rs`: what libpq takes from its environment variables and its
+//!   password file for what a URL leaves out.
 //! - `notify.rs`: the listener that wakes waiters on `NOTIFY` (started by the first wait).
 //!
 //! Concurrency (`docs/design.md`, "The PostgreSQL backend"): writes run READ COMMITTED
@@ -28,6 +29,7 @@ mod cascade;
 mod conn;
 mod errors;
 mod held;
+mod libpq;
 mod migrate;
 mod names;
 mod notify;
@@ -78,6 +80,9 @@ pub struct PostgresBackend {
     tls: Option<tls::MakeRustlsConnect>,
     /// The URL as given, with its password hidden: what messages name.
     url: String,
+    /// Where the password came from (the URL, `PGPASSWORD`, the password file), for the
+    /// message of a refused connection.
+    password: libpq::Password,
     idle: Mutex<Vec<conn::PgConn>>,
     pub(crate) shared: Shared,
     /// The `LISTEN` thread, once something waits for a wake-up.
@@ -109,7 +114,8 @@ impl PostgresBackend {
     /// Connects to the database at `url` (a libpq URL: user, password, host, port,
     /// database, `application_name`, `connect_timeout`, ..., and TLS as libpq's
     /// `sslmode=disable|prefer|require|verify-ca|verify-full`, `sslrootcert`, `sslcert`,
-    /// `sslkey`: see `tls.rs`),
+    /// `sslkey`: see `tls.rs`; what it leaves out from libpq's environment variables,
+    /// `PGHOST`, `PGUSER`, `PGPASSWORD`, ..., and its password file: see `libpq.rs`),
     /// checks the server's version and migrates the schema.
     ///
     /// # Errors
@@ -120,8 +126,11 @@ impl PostgresBackend {
     pub fn open(url: &str, options: StoreOptions) -> Result<PostgresBackend> {
         let bad =
             |e: String| errors::open(url, format!("not a postgresql url: {e}").to_lowercase());
-        let (driver_url, tls) = tls::split(url).map_err(bad)?;
+        let env = libpq::process_env;
+        let with_port = libpq::port_in_url(url, &env).map_err(|e| errors::open(url, e))?;
+        let (driver_url, tls) = tls::split(&with_port, &env).map_err(bad)?;
         let mut config = postgres::Config::from_str(&driver_url).map_err(|e| bad(e.to_string()))?;
+        let password = libpq::complete(&mut config, &env).map_err(|e| errors::open(url, e))?;
         config.ssl_mode(tls.driver_mode());
         let tls = tls.connector().map_err(|e| errors::open(url, e))?;
         if config.get_application_name().is_none() {
@@ -131,6 +140,7 @@ impl PostgresBackend {
             config,
             tls,
             url: errors::redact(url),
+            password,
             idle: Mutex::new(Vec::new()),
             shared: Shared {
                 names: NameCache::default(),
@@ -174,7 +184,7 @@ impl PostgresBackend {
     /// A new connection, set up for the store's options.
     fn connect(&self) -> Result<conn::PgConn> {
         let mut client = connect(&self.config, self.tls.as_ref())
-            .map_err(|e| errors::connect(e, &self.url, &self.config))?;
+            .map_err(|e| errors::connect(e, &self.url, &self.config, &self.password))?;
         let o = &self.shared.options;
         let sync = match o.durability {
             Durability::Full => "on",

@@ -14,7 +14,9 @@
 //!
 //! `sslrootcert` is a PEM file of CA certificates (default `~/.postgresql/root.crt`, for
 //! the two verifying modes); `sslcert` and `sslkey` a client certificate and its key
-//! (PEM), sent when the server asks for one.
+//! (PEM), sent when the server asks for one. A parameter the URL leaves out is taken from
+//! libpq's variable for it, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT` or `PGSSLKEY`
+//! (`libpq.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,6 +30,8 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 pub(crate) use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::libpq::Env;
 
 /// How a connection uses TLS (`sslmode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,13 +54,16 @@ pub(crate) struct Settings {
 
 /// The parameters this module takes off a URL.
 const OURS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+/// libpq's environment variable for each of [`OURS`], read when the URL has none.
+const VARS: [&str; 4] = ["PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY"];
 
-/// Takes the TLS parameters off `url`: the URL the driver parses, and the settings.
+/// Takes the TLS parameters off `url`: the URL the driver parses, and the settings; a
+/// parameter the URL does not give is read from `env` ([`VARS`]).
 ///
 /// # Errors
 /// A one-line reason for a bad `sslmode`, a parameter given twice, or a key without a
 /// certificate.
-pub(crate) fn split(url: &str) -> Result<(String, Settings), String> {
+pub(crate) fn split(url: &str, env: Env<'_>) -> Result<(String, Settings), String> {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, q),
         None => (url, ""),
@@ -71,6 +78,17 @@ pub(crate) fn split(url: &str) -> Result<(String, Settings), String> {
             None => kept.push(pair),
         }
     }
+    // Where `sslmode` came from, for its error.
+    let mode_from = if found[0].is_some() {
+        ""
+    } else {
+        "PGSSLMODE: "
+    };
+    for (value, var) in found.iter_mut().zip(VARS) {
+        if value.is_none() {
+            *value = env(var);
+        }
+    }
     let [mode, root, cert, key] = found;
     let mode = match mode.as_deref() {
         None | Some("prefer") => Mode::Prefer,
@@ -82,8 +100,8 @@ pub(crate) fn split(url: &str) -> Result<(String, Settings), String> {
         Some("verify-full") => Mode::VerifyFull,
         Some(other) => {
             return Err(format!(
-                "sslmode {other:?} is none of disable, allow, prefer, require, verify-ca, \
-                 verify-full"
+                "{mode_from}sslmode {other:?} is none of disable, allow, prefer, require, \
+                 verify-ca, verify-full"
             ));
         }
     };
@@ -253,5 +271,59 @@ impl ServerCertVerifier for AnyName {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn what_the_url_leaves_out_comes_from_libpqs_variables() {
+        let vars = [
+            ("PGSSLMODE", "verify-full"),
+            ("PGSSLROOTCERT", "/ca.pem"),
+            ("PGSSLCERT", "/me.pem"),
+            ("PGSSLKEY", "/me.key"),
+        ];
+        let (url, s) = split("postgres://h/d?application_name=a", &env(&vars)).unwrap();
+        assert_eq!(url, "postgres://h/d?application_name=a");
+        assert_eq!(s.mode, Mode::VerifyFull);
+        assert_eq!(s.root.as_deref(), Some(Path::new("/ca.pem")));
+        assert_eq!(s.cert.as_deref(), Some(Path::new("/me.pem")));
+        assert_eq!(s.key.as_deref(), Some(Path::new("/me.key")));
+        // The URL's own come first.
+        let (url, s) = split(
+            "postgres://h/d?sslmode=disable&sslrootcert=%2Fx",
+            &env(&vars),
+        )
+        .unwrap();
+        assert_eq!(url, "postgres://h/d");
+        assert_eq!(
+            (s.mode, s.root.as_deref()),
+            (Mode::Disable, Some(Path::new("/x")))
+        );
+        // Without either, libpq's default.
+        assert_eq!(
+            split("postgres://h/d", &env(&[])).unwrap().1.mode,
+            Mode::Prefer
+        );
+    }
+
+    #[test]
+    fn a_bad_sslmode_says_where_it_came_from() {
+        let err = split("postgres://h/d", &env(&[("PGSSLMODE", "strict")])).unwrap_err();
+        assert!(err.starts_with("PGSSLMODE: sslmode \"strict\""), "{err}");
+        let err = split("postgres://h/d?sslmode=strict", &env(&[])).unwrap_err();
+        assert!(err.starts_with("sslmode \"strict\""), "{err}");
     }
 }
