@@ -199,3 +199,56 @@ fn bad_tls_parameters_are_refused_with_what_is_wrong() {
         "{reason}"
     );
 }
+
+/// `sslrootcert=system` is the system's CA bundle, found as OpenSSL finds it (here
+/// `SSL_CERT_FILE` names the test's CA), and means `verify-full`: a server whose chain
+/// ends elsewhere and a host its certificate does not name are refused, and a weaker mode
+/// is refused before connecting. Run through the command line, whose environment the
+/// test sets.
+#[test]
+fn sslrootcert_system_is_the_systems_bundle_and_verify_full() {
+    let Some((db, certs)) = setup() else { return };
+    let Some(bin) = option_env!("CARGO_BIN_EXE_precedent") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "under CI the precedent binary (the `cli` feature) is built for this test"
+        );
+        eprintln!("SKIPPED: sslrootcert=system is tried through the binary (the `cli` feature)");
+        return;
+    };
+    let run = |host: &str, params: &str, bundle: &Path, args: &[&str]| {
+        let mut c = std::process::Command::new(bin);
+        c.arg("--db")
+            .arg(url(&db, "postgres", host, params))
+            .args(args)
+            .env("SSL_CERT_FILE", bundle)
+            .env("PGPASSFILE", "/nonexistent/precedent-tests/pgpass")
+            .env("XDG_CONFIG_HOME", "/nonexistent/precedent-tests")
+            .env_remove("PRECEDENT_DB");
+        for var in ["PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY"] {
+            c.env_remove(var);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let system = "sslrootcert=system";
+    let (code, err) = run("127.0.0.1", system, &certs.ca, &["init"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = run("127.0.0.1", system, &certs.ca, &["stats"]);
+    assert_eq!(code, Some(0), "{err}");
+
+    let (code, err) = run("127.0.0.1", system, &certs.other_ca, &["stats"]);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.to_lowercase().contains("unknownissuer"), "{err}");
+    // verify-full: the certificate names 127.0.0.1, not localhost.
+    let (code, err) = run("localhost", system, &certs.ca, &["stats"]);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.to_lowercase().contains("tls"), "{err}");
+    let weaker = format!("{system}&sslmode=require");
+    let (code, err) = run("127.0.0.1", &weaker, &certs.ca, &["stats"]);
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("only verify-full"), "{err}");
+}

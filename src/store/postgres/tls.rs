@@ -14,7 +14,11 @@
 //!
 //! `sslrootcert` is a PEM file of CA certificates (default `~/.postgresql/root.crt`, for
 //! the two verifying modes); `sslcert` and `sslkey` a client certificate and its key
-//! (PEM), sent when the server asks for one. A parameter the URL leaves out is taken from
+//! (PEM), sent when the server asks for one. `sslrootcert=system` (libpq 16's) is the
+//! operating system's CA bundle, as OpenSSL finds it: the file `SSL_CERT_FILE` names, else
+//! the first of the distributions' usual places ([`SYSTEM_BUNDLES`]); it makes
+//! `verify-full` the default mode and refuses a weaker one, as libpq does, since a public
+//! CA vouches for any name it signed. A parameter the URL leaves out is taken from
 //! libpq's variable for it, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT` or `PGSSLKEY`
 //! (`libpq.rs`).
 
@@ -54,6 +58,16 @@ pub(crate) struct Settings {
 
 /// The parameters this module takes off a URL.
 const OURS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+/// Where the distributions keep the system's CA bundle (Debian and Ubuntu, Fedora and
+/// RHEL, openSUSE, older RHEL, Alpine and the BSDs), as OpenSSL's builds look for it.
+const SYSTEM_BUNDLES: [&str; 5] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/tls/cacert.pem",
+    "/etc/ssl/cert.pem",
+];
+
 /// libpq's environment variable for each of [`OURS`], read when the URL has none.
 const VARS: [&str; 4] = ["PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY"];
 
@@ -90,7 +104,15 @@ pub(crate) fn split(url: &str, env: Env<'_>) -> Result<(String, Settings), Strin
         }
     }
     let [mode, root, cert, key] = found;
+    let system = root.as_deref() == Some("system");
     let mode = match mode.as_deref() {
+        None if system => Mode::VerifyFull,
+        Some(m) if system && m != "verify-full" => {
+            return Err(format!(
+                "{mode_from}sslmode {m} is weaker than sslrootcert=system allows: only \
+                 verify-full (the default with it), as with libpq"
+            ));
+        }
         None | Some("prefer") => Mode::Prefer,
         Some("disable") => Mode::Disable,
         Some("allow") => Mode::Prefer,
@@ -112,13 +134,34 @@ pub(crate) fn split(url: &str, env: Env<'_>) -> Result<(String, Settings), Strin
         true => base.to_string(),
         false => format!("{base}?{}", kept.join("&")),
     };
+    let root = match system {
+        true => Some(system_bundle(env)?),
+        false => root.map(PathBuf::from),
+    };
     let settings = Settings {
         mode,
-        root: root.map(PathBuf::from),
+        root,
         cert: cert.map(PathBuf::from),
         key: key.map(PathBuf::from),
     };
     Ok((url, settings))
+}
+
+/// The system's CA bundle: `SSL_CERT_FILE`, else the first of [`SYSTEM_BUNDLES`] there.
+fn system_bundle(env: Env<'_>) -> Result<PathBuf, String> {
+    if let Some(file) = env("SSL_CERT_FILE") {
+        return Ok(PathBuf::from(file));
+    }
+    SYSTEM_BUNDLES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "sslrootcert=system: no CA bundle in any of {} (set SSL_CERT_FILE to one)",
+                SYSTEM_BUNDLES.join(", ")
+            )
+        })
 }
 
 /// `%XX` decoded.
@@ -317,6 +360,37 @@ mod tests {
             split("postgres://h/d", &env(&[])).unwrap().1.mode,
             Mode::Prefer
         );
+    }
+
+    #[test]
+    fn sslrootcert_system_is_the_systems_bundle_and_verify_full() {
+        let file = [("SSL_CERT_FILE", "/bundle.pem")];
+        let (_, s) = split("postgres://h/d?sslrootcert=system", &env(&file)).unwrap();
+        assert_eq!(s.mode, Mode::VerifyFull);
+        assert_eq!(s.root.as_deref(), Some(Path::new("/bundle.pem")));
+        let (_, s) = split(
+            "postgres://h/d",
+            &env(&[file[0], ("PGSSLROOTCERT", "system")]),
+        )
+        .unwrap();
+        assert_eq!(s.mode, Mode::VerifyFull);
+        let ok = split(
+            "postgres://h/d?sslrootcert=system&sslmode=verify-full",
+            &env(&file),
+        );
+        assert_eq!(ok.unwrap().1.mode, Mode::VerifyFull);
+        for weaker in ["disable", "prefer", "require", "verify-ca"] {
+            let url = format!("postgres://h/d?sslrootcert=system&sslmode={weaker}");
+            let err = split(&url, &env(&file)).unwrap_err();
+            assert!(err.contains("only verify-full"), "{err}");
+        }
+        // Without SSL_CERT_FILE, the first bundle of the usual places that is there.
+        let found = SYSTEM_BUNDLES.iter().find(|p| Path::new(p).is_file());
+        let got = split("postgres://h/d?sslrootcert=system", &env(&[]));
+        match found {
+            Some(p) => assert_eq!(got.unwrap().1.root.as_deref(), Some(Path::new(p))),
+            None => assert!(got.unwrap_err().contains("SSL_CERT_FILE")),
+        }
     }
 
     #[test]
