@@ -80,6 +80,16 @@ fn the_core_commands_run_on_postgres() {
     let verify = run(Path::new(url), &["verify"], b"");
     assert_eq!(code(&verify), 0, "{}", stderr(&verify));
 
+    // A database that does not exist: `init` makes tables, not databases; it says how.
+    let missing = format!("{}_missing", url);
+    let out = run(Path::new(&missing), &["init"], b"");
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("does not exist") && err.contains("createdb"),
+        "{err}"
+    );
+
     // A server that is down: one line saying so, no password shown.
     let down = pg::down_url().replace("postgres@", "postgres:hunter2@");
     let out = run(Path::new(&down), &["stats"], b"");

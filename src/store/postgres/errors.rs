@@ -143,6 +143,14 @@ pub(crate) fn connect(
                 db.message()
             )
         }
+        (Some(db), _) if db.code().code() == "3D000" => {
+            let name = config.get_dbname().unwrap_or(user);
+            format!(
+                "{} (sqlstate 3D000): precedent makes tables, not databases; create it \
+                 first (createdb {name}, or CREATE DATABASE {name})",
+                db.message()
+            )
+        }
         (Some(db), _) => format!("{} (sqlstate {})", db.message(), db.code().code()),
         (None, Some(io)) if io.kind() == std::io::ErrorKind::ConnectionRefused => format!(
             "server down: connection refused at {} (is PostgreSQL running there?)",
