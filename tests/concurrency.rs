@@ -275,6 +275,53 @@ fn pushing_while(writer: &Store, meanwhile: impl FnOnce()) -> (i64, i64) {
     (before, pushed.load(Relaxed))
 }
 
+/// On PostgreSQL a write transaction may read the queue declarations before it takes the
+/// write lock (a claim takes none), and a queue another process declares meanwhile
+/// commits before this transaction gets the lock: what it releases after that is an
+/// input of the new queue too, as the declaration's back-fill did not see it. (SQLite's
+/// writer holds its lock from its first statement, so there the declaration waits.)
+#[test]
+fn a_queue_declared_between_a_claim_and_its_completion_gets_the_completion() {
+    let Some(db) = common::pg::db() else { return };
+    let worker = Store::open_with(&db.url, StoreOptions::default()).unwrap();
+    let declarer = Store::open_with(&db.url, StoreOptions::default()).unwrap();
+    ship_queue(&worker);
+    worker.insert(&plain_order(1)).unwrap();
+    let invoice = QueueSpec::new(
+        "invoice",
+        "Shipment",
+        vec![Completion {
+            type_name: "Invoice".into(),
+            role: "shipment".into(),
+        }],
+    );
+    let (claimed, claimed_rx) = mpsc::channel();
+    let (declared, declared_rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        let worker = &worker;
+        s.spawn(move || {
+            worker
+                .write(|w| {
+                    let lease = w.claim("ship", 1)?.pop().unwrap();
+                    claimed.send(()).unwrap();
+                    declared_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+                    w.complete(&lease, |w| {
+                        w.insert(&lease.completion().build()?).map(|_| ())
+                    })
+                })
+                .unwrap();
+        });
+        claimed_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        declarer.declare_queue(&invoice).unwrap();
+        declared.send(()).unwrap();
+    });
+    let stats = declarer.queue_stats("invoice").unwrap();
+    assert_eq!(
+        stats.ready, 1,
+        "the shipment is an input of the queue declared before it"
+    );
+}
+
 conformance! {
     /// A queue declared while another store on the database pushes facts of its input
     /// type gets each of them as an input: the declaration and the releases take turns

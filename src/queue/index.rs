@@ -135,6 +135,12 @@ pub(crate) struct QueueTx {
     /// The `queues` counter may have moved in this transaction (a queue declared or
     /// dropped in it): the value read with the write lock is not taken for it.
     pub(crate) moved: bool,
+    /// `defs` were read with the write lock held (with the counter read as it was
+    /// taken): no other transaction can have changed them since. Declarations read
+    /// before the lock (on PostgreSQL a claim takes none) are checked against that counter
+    /// once the lock is held, as another process may have declared or dropped a queue
+    /// and committed in between.
+    pub(crate) defs_locked: bool,
     /// Completions and failures to add to the per-minute rates (and completions to the
     /// queue's counter) at commit: (queue id, minute, completed, failed).
     pub(crate) rates: Vec<(i64, i64, i64, i64)>,
@@ -515,14 +521,29 @@ pub(crate) fn defs_for(
     cache: &QueueCache,
 ) -> Result<Arc<QueueDefs>> {
     let qtx = state.get::<QueueTx>();
-    if let Some(d) = &qtx.defs {
-        return Ok(d.clone());
-    }
     // Declarations move the counter only under the write lock: read with it, it is
     // current unless this transaction moved it since.
     let at_lock = (!qtx.moved).then(|| tx.counter_at_lock("queues")).flatten();
+    if let Some(d) = &qtx.defs {
+        match at_lock {
+            // Read under the lock, by this transaction's own declarations, or with no
+            // lock yet to check them by (SQLite's writer holds it from its start).
+            _ if qtx.defs_locked || qtx.moved => return Ok(d.clone()),
+            None => return Ok(d.clone()),
+            // Read before the lock, and no declaration came between.
+            Some(g) if g == d.generation => {
+                qtx.defs_locked = true;
+                return Ok(d.clone());
+            }
+            // Another process declared or dropped a queue before this transaction took
+            // the lock: what it releases now is indexed by the new declarations.
+            Some(_) => {}
+        }
+    }
     let defs = load_defs_at(tx, cache, at_lock)?;
-    state.get::<QueueTx>().defs = Some(defs.clone());
+    let qtx = state.get::<QueueTx>();
+    qtx.defs = Some(defs.clone());
+    qtx.defs_locked = at_lock.is_some();
     Ok(defs)
 }
 

@@ -588,7 +588,7 @@ impl PgWrite<'_> {
                     .position(|p| p == h)
                     .map(|k| (seqs[k], types[k]))
             };
-            hooks.released(&self.tx, fact, run.seq[i], &known)?;
+            hooks.released(&*self, fact, run.seq[i], &known)?;
             start = end;
         }
         run.clear();

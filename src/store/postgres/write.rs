@@ -474,7 +474,9 @@ impl<'a> PgWrite<'a> {
         }
         self.released.push((hash, (seq, type_id)));
         let known = |h: &FactHash| preds.iter().find(|p| p.1 == *h).map(|p| (p.2, p.3));
-        hooks.released(&self.tx, fact, seq, &known)?;
+        // The transaction itself, not its connection: hooks read what it knows, such as the
+        // counters read with the write lock (`ReadTx::counter_at_lock`).
+        hooks.released(&*self, fact, seq, &known)?;
         Ok(Some((seq, type_id)))
     }
 
