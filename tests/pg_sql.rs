@@ -198,3 +198,47 @@ fn a_result_row_is_read_after_the_conditions_that_need_no_row() {
         plan.join("\n")
     );
 }
+
+/// On PostgreSQL a failed statement aborts its whole transaction (SQLite's does not). A
+/// write closure that catches such an error and returns `Ok` is not told that it
+/// committed: its commit fails with a line that says why, and nothing of it is kept.
+#[test]
+fn a_commit_after_a_caught_statement_error_fails_and_keeps_nothing() {
+    let Some(db) = pg::db() else { return };
+    let store = Store::open_with(&db.url, StoreOptions::default()).unwrap();
+    store
+        .write(|w| w.sql().batch("CREATE TABLE once (k bigint PRIMARY KEY)"))
+        .unwrap();
+    let insert = "INSERT INTO once VALUES (?1)";
+    let result = store.write(|w| {
+        let sql = w.sql();
+        sql.execute(insert, args![1_i64])?;
+        // A second row with the same key: the error is caught, the closure goes on.
+        assert!(sql.execute(insert, args![1_i64]).is_err());
+        Ok(())
+    });
+    let err = result.expect_err("a transaction PostgreSQL aborted was reported committed");
+    let text = err.to_string();
+    assert!(
+        text.contains("aborted") && text.contains("nothing"),
+        "{text}"
+    );
+    assert!(!text.contains('\n'), "{text}");
+    let rows: i64 = store
+        .read(|r| r.query_one("SELECT count(*) FROM once", args![], |row| row.get(0)))
+        .unwrap();
+    assert_eq!(rows, 0);
+    // The store goes on; a statement that may fail, run in a savepoint, leaves the rest.
+    store
+        .write(|w| {
+            w.sql().execute(insert, args![2_i64])?;
+            let dup = w.savepoint(|w| w.sql().execute(insert, args![2_i64]));
+            assert!(dup.is_err());
+            Ok(())
+        })
+        .unwrap();
+    let rows: i64 = store
+        .read(|r| r.query_one("SELECT count(*) FROM once", args![], |row| row.get(0)))
+        .unwrap();
+    assert_eq!(rows, 1);
+}

@@ -402,14 +402,18 @@ impl<'a> Tx<'a> {
         Ok(first.map(|_| messages))
     }
 
-    /// Ends the transaction with `end` (`COMMIT`).
-    pub(crate) fn finish(&mut self, end: &str) -> Result<()> {
-        self.open = false;
+    /// Commits. PostgreSQL answers the `COMMIT` of a transaction that an earlier
+    /// statement's error aborted with a rollback, not an error: a statement sent before it
+    /// in the same round trip fails then instead (SQLSTATE 25P02), so such a transaction is
+    /// never taken as committed (a caller that caught the statement's error and went on
+    /// would otherwise be told its writes were kept).
+    pub(crate) fn commit(&mut self) -> Result<()> {
         if self.unbegun.get() {
             // Nothing was sent: nothing to end.
+            self.open = false;
             return Ok(());
         }
-        self.with(|c| c.client.batch_execute(end).map_err(backend))
+        self.finish_after("SELECT 1")
     }
 
     /// Runs `last` (statements without parameters) and then `COMMIT`, in one round trip.

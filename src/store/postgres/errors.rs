@@ -42,6 +42,14 @@ fn describe(e: &postgres::Error) -> (BackendErrorKind, String) {
             BackendErrorKind::Unavailable
         } else if code.starts_with("53") || code.starts_with("58") {
             BackendErrorKind::Io
+        } else if code == "25P02" {
+            return (
+                BackendErrorKind::Other,
+                "an earlier statement of this transaction failed and PostgreSQL aborted the \
+                 transaction, though its error was not passed on (caught?): nothing of it was \
+                 committed (sqlstate 25P02)"
+                    .into(),
+            );
         } else if code.starts_with("57P") {
             return (
                 BackendErrorKind::Unavailable,

@@ -237,7 +237,7 @@ impl WriteTx for PgWrite<'_> {
                 now.held
             ))?;
         } else {
-            self.tx.finish("COMMIT")?;
+            self.tx.commit()?;
         }
         let names = std::mem::take(&mut self.names);
         let shared = &self.tx.backend.shared;
