@@ -322,6 +322,53 @@ fn a_queue_declared_between_a_claim_and_its_completion_gets_the_completion() {
     );
 }
 
+/// On PostgreSQL a claim of an at-most-once queue with a limit takes the write lock (for
+/// its delivery fact) before it locks the queue's row (to count its leases), as a
+/// completion holding the write lock updates that row at its commit: in the other order
+/// the two waited for each other until PostgreSQL aborted one as a deadlock.
+#[test]
+fn a_limited_at_most_once_claim_beside_a_completion_does_not_deadlock() {
+    use precedent::queue::Semantics;
+    let Some(db) = common::pg::db() else { return };
+    let completer = Store::open_with(&db.url, StoreOptions::default()).unwrap();
+    let claimer = Store::open_with(&db.url, StoreOptions::default()).unwrap();
+    let mut spec = QueueSpec::new(
+        "once",
+        "Order",
+        vec![Completion {
+            type_name: "Shipment".into(),
+            role: "order".into(),
+        }],
+    );
+    spec.semantics = Semantics::AtMostOnce;
+    spec.max_leased = Some(100);
+    completer.declare_queue(&spec).unwrap();
+    completer
+        .insert_batch(vec![plain_order(1), plain_order(2)])
+        .unwrap();
+    let lease = completer.claim("once", 1).unwrap().pop().unwrap();
+    let (holding, holding_rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        let (completer, lease) = (&completer, &lease);
+        let done = s.spawn(move || {
+            completer.write(|w| {
+                w.complete(lease, |w| {
+                    w.insert(&lease.completion().build()?).map(|_| ())
+                })?;
+                // The write lock is held; the claim below starts and waits for it.
+                holding.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(500));
+                Ok(())
+            })
+        });
+        holding_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        let claimed = claimer.claim("once", 1);
+        let completed = done.join().unwrap();
+        assert!(completed.is_ok(), "the completion: {completed:?}");
+        assert_eq!(claimed.unwrap().len(), 1, "the claim");
+    });
+}
+
 conformance! {
     /// A queue declared while another store on the database pushes facts of its input
     /// type gets each of them as an input: the declaration and the releases take turns

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::args;
 use crate::error::Result;
 use crate::fact::{Fact, Value};
-use crate::queue::QueueSpec;
 use crate::queue::state_code;
+use crate::queue::{QueueSpec, Semantics};
 use crate::store::{Dialect, SqlExt, Writer};
 
 /// At most `count` inputs handed out per `per_ms`, across every worker: the periods are
@@ -185,6 +185,12 @@ pub(super) fn allowance(
 ) -> Result<(usize, Option<i64>)> {
     if spec.max_leased.is_none() && spec.rate.is_none() {
         return Ok((n, None));
+    }
+    if w.sql().dialect() == Dialect::Postgres && spec.semantics == Semantics::AtMostOnce {
+        // Its delivery facts take the write lock, and a completion that holds it updates
+        // this row at its commit: taken first, so that the two do not wait for each
+        // other (PostgreSQL would abort one of them as a deadlock).
+        w.lock_writers()?;
     }
     let lock = match w.sql().dialect() {
         Dialect::Postgres => "SELECT rate_window, rate_count FROM queue WHERE id = ?1 FOR UPDATE",

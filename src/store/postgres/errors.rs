@@ -62,7 +62,12 @@ fn describe(e: &postgres::Error) -> (BackendErrorKind, String) {
             BackendErrorKind::Other
         };
         let mut message = format!("{} (sqlstate {code})", db.message());
-        if kind == BackendErrorKind::Busy {
+        if code == "40P01" {
+            message.push_str(
+                ": this transaction and another waited for each other, and PostgreSQL ended \
+                 this one; nothing of it was committed; try again",
+            );
+        } else if kind == BackendErrorKind::Busy {
             message.push_str(": another writer held the lock past the busy timeout; try again");
         }
         return (kind, message);
