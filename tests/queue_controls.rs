@@ -355,6 +355,40 @@ conformance! {
 }
 
 conformance! {
+    /// Two processes whose clocks disagree by less than a window (one has entered the
+    /// next window, the other not yet) share the window the faster one charged: the
+    /// slower one does not start the count again at zero (and so let each hand out a full
+    /// quota every time they took turns). A clock more than a window ahead is taken as
+    /// wrong, not as skew: the others keep their own windows.
+    fn clocks_a_little_apart_share_one_rate_window(b: Backend) {
+        let (ahead, behind) = (ManualClock::starting_at(T0 + 1000), ManualClock::starting_at(T0 + 600));
+        let db = b.db();
+        let with = |c: &Arc<ManualClock>| db.store_with(StoreOptions { clock: c.clone(), ..StoreOptions::default() });
+        let (fast, slow) = (with(&ahead), with(&behind));
+        let mut q = spec();
+        q.rate = Some(RateLimit { count: 2, per_ms: 1000 });
+        slow.declare_queue(&q).unwrap();
+        // Inserted by the slow clock: claimable by both.
+        slow.insert_batch((0..20).map(order).collect()).unwrap();
+        // The fast clock is in window T0 + 1000, the slow one still in T0.
+        assert_eq!(fast.claim("ship", 5).unwrap().len(), 2);
+        assert!(slow.claim("ship", 5).unwrap().is_empty(), "the window the fast clock charged");
+        assert!(fast.claim("ship", 5).unwrap().is_empty(), "its own window, still charged");
+        // A second on: the slow clock is in the window the fast one charged, the fast one
+        // in the next, which it charges; the slow one then counts in that.
+        behind.advance(1000);
+        ahead.advance(1000);
+        assert!(slow.claim("ship", 5).unwrap().is_empty());
+        assert_eq!(fast.claim("ship", 5).unwrap().len(), 2);
+        assert!(slow.claim("ship", 5).unwrap().is_empty());
+        // A clock an hour ahead is not followed: the slow one keeps its own windows.
+        let far = ManualClock::starting_at(T0 + 3_600_000);
+        assert_eq!(with(&far).claim("ship", 5).unwrap().len(), 2);
+        assert_eq!(slow.claim("ship", 5).unwrap().len(), 2);
+    }
+}
+
+conformance! {
     /// Claims from several stores at once (threads, each its own connection) never give
     /// out more live leases than the limit: on PostgreSQL they race for real.
     fn concurrent_claims_never_exceed_max_leased(b: Backend) {

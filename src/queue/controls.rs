@@ -214,7 +214,14 @@ pub(super) fn allowance(
     }
     let mut charge = None;
     if let Some(rate) = spec.rate {
-        let start = now - now.rem_euclid(rate.per_ms);
+        let mut start = now - now.rem_euclid(rate.per_ms);
+        // Another process whose clock runs a little ahead may have charged the next window
+        // already: counted in that one, not in this clock's, which would start the count
+        // again at zero (and let the two hand out a full quota each time they took turns).
+        // A window more than one period ahead is a clock far off, not skew: not followed.
+        if window > start && window - start <= rate.per_ms {
+            start = window;
+        }
         let used = if window == start {
             used.max(0) as u64
         } else {
