@@ -706,6 +706,25 @@ fn ingest_rate() {
     }
 }
 
+/// A root and 400 leaves naming it, stored in one batch (seqs 1 to 401).
+fn root_and_leaves(store: &Store) -> (precedent::Fact, Vec<precedent::Fact>) {
+    let root = fact("Root", 0, &[]);
+    let leaves: Vec<_> = (0..400).map(|i| fact("Leaf", i, &[root.hash()])).collect();
+    let mut batch = vec![root.clone()];
+    batch.extend(leaves.iter().cloned());
+    assert_eq!(store.insert_batch(batch).unwrap().inserted, 401);
+    (root, leaves)
+}
+
+/// The database of [`root_and_leaves`] as it was after the root alone (a restore of an
+/// older backup), and `then`.
+fn put_back_to_the_root(db: &PgDb, then: &str) {
+    db.psql(&format!(
+        "DELETE FROM edge WHERE successor > 1; DELETE FROM fact WHERE seq > 1;
+         UPDATE counter SET value = 1 WHERE name = 'seq'; {then}"
+    ));
+}
+
 /// A store remembers the facts it saw released, with their seqs. A database put back to
 /// an earlier state under it, as a restore of an older backup does, shows as a `seq`
 /// counter below what it remembers: it forgets them, and the facts the restore lost are
@@ -714,16 +733,8 @@ fn ingest_rate() {
 fn a_database_put_back_under_a_store_loses_no_fact_pushed_again() {
     let Some(db) = pg::db() else { return };
     let store = open(&db);
-    let root = fact("Root", 0, &[]);
-    let leaves: Vec<_> = (0..400).map(|i| fact("Leaf", i, &[root.hash()])).collect();
-    let mut batch = vec![root.clone()];
-    batch.extend(leaves.iter().cloned());
-    assert_eq!(store.insert_batch(batch).unwrap().inserted, 401);
-    // The database as it was after the root alone.
-    db.psql(
-        "DELETE FROM edge WHERE successor > 1; DELETE FROM fact WHERE seq > 1;
-         UPDATE counter SET value = 1 WHERE name = 'seq'",
-    );
+    let (_, leaves) = root_and_leaves(&store);
+    put_back_to_the_root(&db, "");
     let r = store.insert_batch(leaves.clone()).unwrap();
     assert_eq!((r.inserted, r.duplicates), (400, 0));
     assert!(
@@ -732,4 +743,27 @@ fn a_database_put_back_under_a_store_loses_no_fact_pushed_again() {
             .all(|f| store.get(&f.hash()).unwrap().is_some())
     );
     assert!(store.verify(|_| {}).unwrap().is_clean());
+}
+
+/// A restore of an older backup under a running store takes with it the type ids made
+/// since, and the type table's identity sequence hands them out again, to other names:
+/// the store forgets the ids it cached when it sees the database put back, so a fact it
+/// writes again is filed under its own type, not under the one that now has its old id.
+#[test]
+fn a_database_put_back_under_a_store_files_facts_under_their_own_types() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    let (root, leaves) = root_and_leaves(&store);
+    // Before the type Leaf existed, too.
+    put_back_to_the_root(
+        &db,
+        "DELETE FROM fact_type WHERE name = 'Leaf';
+         SELECT setval(pg_get_serial_sequence('fact_type', 'id'), 1);",
+    );
+    // Another process makes a new type, which gets Leaf's old id.
+    open(&db).insert(&fact("Other", 0, &[root.hash()])).unwrap();
+    store.insert_batch(leaves.clone()).unwrap();
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+    let q = Query::parse("match l: Leaf select l").unwrap();
+    assert_eq!(store.query(&q, &Givens::new()).unwrap().len(), 400);
 }

@@ -49,6 +49,13 @@ impl NameCache {
         Ok(id)
     }
 
+    /// Forgets every id: the database was put back to an earlier state under this store
+    /// (see [`super::recent::Recent::database_at`]).
+    pub(crate) fn forget(&self) {
+        let mut m = self.0.write().unwrap_or_else(|e| e.into_inner());
+        m.iter_mut().for_each(HashMap::clear);
+    }
+
     pub(crate) fn commit(&self, fresh: Fresh) {
         let mut m = self.0.write().unwrap_or_else(|e| e.into_inner());
         for (k, f) in fresh.0.into_iter().enumerate() {

@@ -91,12 +91,15 @@ impl Recent {
     }
 
     /// The database's `seq` counter reads `seq` under the write lock: below a seq held
-    /// here, the database was put back under this store, and everything is forgotten.
-    pub(super) fn database_at(&self, seq: i64) {
+    /// here, the database was put back under this store, and everything is forgotten;
+    /// returns whether it was (the caller forgets what else it cached of the database).
+    pub(super) fn database_at(&self, seq: i64) -> bool {
         let mut g = self.generations.lock().unwrap_or_else(|e| e.into_inner());
-        if seq < g.highest {
+        let put_back = seq < g.highest;
+        if put_back {
             *g = Generations::default();
         }
+        put_back
     }
 
     /// Whether the next large batch may be written on the guess that its facts are new.

@@ -313,7 +313,12 @@ impl<'a> PgWrite<'a> {
             }
         }
         *self.others_at_lock.borrow_mut() = others;
-        self.tx.backend.shared.recent.database_at(l.seq);
+        let shared = &self.tx.backend.shared;
+        if shared.recent.database_at(l.seq) {
+            // A restore of an older backup takes the type and role ids made since with it,
+            // and its identity sequences hand them out again, to other names.
+            shared.names.forget();
+        }
         self.locked.set(Some(l));
         self.at_lock.set(l);
         Ok(l)
