@@ -772,3 +772,29 @@ conformance! {
         assert_eq!(s.queue_stats("ship").unwrap().completed, 2);
     }
 }
+
+conformance! {
+    /// A claim that finds nothing to hand out wakes no one waiting on the store: a waiter
+    /// that claims and then waits (a remote worker's long-poll) sleeps until a commit
+    /// that may bring it work, rather than being woken by its own empty claim, claiming
+    /// again at once, and so on for as long as it waits.
+    fn an_empty_claim_wakes_no_waiter(b: Backend) {
+        let clock = ManualClock::starting_at(T0);
+        let s = store_with(b, &clock);
+        s.declare_queue(&orders_spec()).unwrap();
+        // On PostgreSQL the first wait starts the listener, which wakes once connected.
+        if s.dialect() == precedent::store::Dialect::Postgres {
+            let first = s.wake_mark();
+            assert!(s.wait_for_wake(first, std::time::Duration::from_secs(10)));
+        }
+        let mark = s.wake_mark();
+        assert!(s.claim("ship", 10).unwrap().is_empty());
+        assert!(
+            !s.wait_for_wake(mark, std::time::Duration::from_millis(300)),
+            "woken by its own empty claim"
+        );
+        s.insert(&order(1, &[])).unwrap();
+        assert!(s.wait_for_wake(mark, std::time::Duration::from_secs(10)));
+        assert_eq!(s.claim("ship", 10).unwrap().len(), 1);
+    }
+}

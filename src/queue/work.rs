@@ -201,6 +201,12 @@ impl Writer<'_> {
     /// # Errors
     /// [`Error::UnknownQueue`], [`Error::Backend`].
     pub fn claim(&mut self, queue: &str, n: usize) -> Result<Vec<Lease>> {
+        self.claim_counted(queue, n).map(|(leases, _)| leases)
+    }
+
+    /// [`Writer::claim`], and whether it wrote anything (a lease, a dead letter).
+    fn claim_counted(&mut self, queue: &str, n: usize) -> Result<(Vec<Lease>, bool)> {
+        let mut dead_letters = 0;
         let (defs, at) = self.queue(queue)?;
         let q = &defs.queues[at];
         let now = self.now_ms();
@@ -249,6 +255,7 @@ impl Writer<'_> {
                     };
                     let reason = format!("{why} after {attempts} attempts");
                     self.dead_letter(q, &input, &reason, attempts, first)?;
+                    dead_letters += 1;
                     continue;
                 }
                 if expired {
@@ -307,7 +314,8 @@ impl Writer<'_> {
         if let Some(start) = window.filter(|_| !leases.is_empty()) {
             charge(self, q.id, start, leases.len())?;
         }
-        Ok(leases)
+        let wrote = !leases.is_empty() || dead_letters > 0;
+        Ok((leases, wrote))
     }
 
     /// Completes a leased input inside this transaction, in a savepoint: on any error
@@ -870,7 +878,15 @@ impl Store {
     /// # Errors
     /// [`Error::UnknownQueue`], [`Error::Backend`].
     pub fn claim(&self, queue: &str, n: usize) -> Result<Vec<Lease>> {
-        self.write(|w| w.claim(queue, n))
+        self.write(|w| {
+            let (leases, wrote) = w.claim_counted(queue, n)?;
+            if !wrote {
+                // Nothing to hand out, nothing written: a waiter that claims and then
+                // waits for a wake-up is not woken by its own claim.
+                w.quiet();
+            }
+            Ok(leases)
+        })
     }
 
     /// Extends a lease by the queue's lease duration from now (a heartbeat).

@@ -387,6 +387,7 @@ impl Store {
             store: self,
             state: TxState::default(),
             later: Vec::new(),
+            wakes: true,
         };
         f(&mut writer).and_then(|value| writer.commit().map(|()| value))
     }
@@ -668,6 +669,9 @@ pub struct Writer<'a> {
     state: TxState,
     /// Facts release hooks asked for, inserted once the current insert returns.
     later: Vec<Fact>,
+    /// The commit wakes the store's waiters ([`Store::wait_for_wake`]); not when the
+    /// transaction is known to have changed nothing they wait for ([`Writer::quiet`]).
+    wakes: bool,
 }
 
 impl<'a> Writer<'a> {
@@ -860,8 +864,18 @@ impl<'a> Writer<'a> {
             }
         }
         self.tx.commit()?;
-        self.store.wake.wake_all();
+        if self.wakes {
+            self.store.wake.wake_all();
+        }
         Ok(())
+    }
+
+    /// This transaction changed nothing a waiter waits for (a claim that found nothing to
+    /// hand out): its commit wakes no one. Without it a waiter that claims and then waits
+    /// (a remote worker's long-poll) was woken by its own empty claim and claimed again at
+    /// once, for as long as it waited, and two such waiters woke each other.
+    pub(crate) fn quiet(&mut self) {
+        self.wakes = false;
     }
 }
 

@@ -3,7 +3,9 @@
 //!
 //! A [`Store`](super::Store) keeps one [`Wake`], a counter of wake-ups under a mutex with
 //! a condition variable. It is bumped
-//! - by every write transaction of that `Store` that commits (in this process, at once);
+//! - by every write transaction of that `Store` that commits (in this process, at once),
+//!   but a claim that found nothing to hand out and wrote nothing (`Store::claim`): a
+//!   waiter that claims and then waits would otherwise be woken by its own claim;
 //! - on PostgreSQL, by the store's listener: a thread with a connection of its own that
 //!   `LISTEN`s on [`CHANNEL`] and bumps the counter for each notification, which every
 //!   write transaction that released facts sends (`pg_notify`) before its commit, from
