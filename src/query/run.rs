@@ -248,6 +248,14 @@ impl Store {
 /// store's seam, with the values they bind and read kept backend-neutral.
 pub(crate) struct Reader<'a>(pub(crate) &'a dyn ReadTx);
 
+#[cfg(test)]
+thread_local! {
+    /// Makes the next [`Reader::rows_bound`] on this thread fail (a statement's error part
+    /// way through a watch's poll).
+    pub(crate) static FAIL_NEXT_ROWS_BOUND: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
 impl Reader<'_> {
     /// Runs a query in this transaction, handing each result to `f` as its row is read:
     /// one statement, stepped once, with each result's child collections read while it
@@ -347,6 +355,13 @@ impl Reader<'_> {
         params: &[Sql],
         decode: &HashSet<String>,
     ) -> Result<Vec<Env>> {
+        #[cfg(test)]
+        if FAIL_NEXT_ROWS_BOUND.with(|f| f.replace(false)) {
+            return Err(crate::Error::Backend(crate::error::BackendError::new(
+                crate::error::BackendErrorKind::Unavailable,
+                "a failure injected by a test",
+            )));
+        }
         self.raw_rows_bound(plan, params, decode)?
             .into_iter()
             .map(|raw| raw.env(plan))

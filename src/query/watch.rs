@@ -106,6 +106,9 @@ pub struct Watch {
     /// The query for one result key (slots: the key).
     recheck: Compiled,
     givens_released: bool,
+    /// What the poll under way changed in `results`: each key with its value before,
+    /// so that a poll that fails part way is undone ([`Watch::poll`]).
+    undo: Vec<(Vec<i64>, Option<QueryRow>)>,
     /// The longest [`Watch::wait`] waits for a wake-up before it polls anyway: the delay
     /// for changes nothing announces (another process's write to a SQLite file).
     pub interval: Duration,
@@ -182,6 +185,7 @@ impl Store {
             inverses: inverse::inverses(self.dialect(), query, givens)?,
             recheck: inverse::recheck_plan(self.dialect(), query, givens)?,
             givens_released: false,
+            undo: Vec::new(),
             interval: Duration::from_millis(50),
         };
         self.read(|r| {
@@ -300,6 +304,30 @@ impl Watch {
     /// # Errors
     /// [`crate::Error::Backend`], [`crate::Error::Corrupt`].
     pub fn poll(&mut self, store: &Store) -> Result<Vec<Change>> {
+        // A poll that fails part way (a statement's error, a dropped connection) is undone:
+        // the changes it made to the kept results were never reported, so the next poll,
+        // which reads the same facts again, must find them to do again.
+        let before = (self.after, self.complete, self.givens_released);
+        self.undo.clear();
+        let polled = self.poll_once(store);
+        let undo = std::mem::take(&mut self.undo);
+        if polled.is_err() {
+            for (key, was) in undo.into_iter().rev() {
+                match was {
+                    Some(row) => self.results.insert(key, row),
+                    None => self.results.remove(&key),
+                };
+            }
+            if !before.2 {
+                // The results a poll read when the givens arrived (`start`): none before.
+                self.results.clear();
+            }
+            (self.after, self.complete, self.givens_released) = before;
+        }
+        polled
+    }
+
+    fn poll_once(&mut self, store: &Store) -> Result<Vec<Change>> {
         // The read transaction may hold the write connection (`Store::read_brief`), so
         // what needs no statement (decoding the new results' facts and building them) is
         // done after it, whenever the poll found nothing else to do.
@@ -434,7 +462,7 @@ impl Watch {
                 .get(&key)
                 .is_some_and(|old| old.value != row.value)
             {
-                self.results.insert(key, row.clone());
+                self.put(key, row.clone());
                 changes.push(Change::Updated(row));
             }
         }
@@ -501,7 +529,7 @@ impl Watch {
                 self.admit(row, changes);
             }
             (None, true) => {
-                if let Some(row) = self.results.remove(&key) {
+                if let Some(row) = self.take(&key) {
                     changes.push(Change::Removed(row));
                 }
             }
@@ -551,7 +579,7 @@ impl Watch {
             return;
         }
         let Some(n) = self.query.limit else {
-            self.results.insert(row.key.clone(), row.clone());
+            self.put(row.key.clone(), row.clone());
             changes.push(Change::Added(row));
             return;
         };
@@ -561,11 +589,11 @@ impl Watch {
                 _ => return,
             }
         }
-        self.results.insert(row.key.clone(), row.clone());
+        self.put(row.key.clone(), row.clone());
         changes.push(Change::Added(row));
         if self.results.len() as u64 > n {
             let key = self.last().map(|r| r.key.clone()).unwrap_or_default();
-            if let Some(out) = self.results.remove(&key) {
+            if let Some(out) = self.take(&key) {
                 changes.push(Change::Removed(out));
             }
             self.complete = false;
@@ -599,10 +627,23 @@ impl Watch {
         self.complete = (envs.len() as u64) < want;
         for env in envs {
             let row = store.row(&self.query, &env)?;
-            self.results.insert(row.key.clone(), row.clone());
+            self.put(row.key.clone(), row.clone());
             changes.push(Change::Added(row));
         }
         Ok(())
+    }
+
+    /// Sets the result of `key`, remembering its value before for [`Watch::poll`]'s undo.
+    fn put(&mut self, key: Vec<i64>, row: QueryRow) {
+        let was = self.results.insert(key.clone(), row);
+        self.undo.push((key, was));
+    }
+
+    /// Removes the result of `key`, remembering it for [`Watch::poll`]'s undo.
+    fn take(&mut self, key: &[i64]) -> Option<QueryRow> {
+        let out = self.results.remove(key)?;
+        self.undo.push((key.to_vec(), Some(out.clone())));
+        Some(out)
     }
 
     /// Polls until there are changes or `timeout` has passed: again at each wake-up of
@@ -623,5 +664,59 @@ impl Watch {
             }
             store.wait_for_wake(mark, self.interval.min(deadline - now));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Fact;
+    use crate::query::Query;
+
+    fn order(n: i64) -> Fact {
+        Fact::builder("Order").field("n", n).build().unwrap()
+    }
+
+    /// A poll that fails part way, after it took a new result in and before it rechecked
+    /// another, is undone: the next poll reads the same facts and reports both changes.
+    /// Before, the new result stayed in the kept results, unreported, and the next poll
+    /// found it there and said nothing of it.
+    #[test]
+    fn a_poll_that_fails_part_way_is_undone_and_done_again() {
+        let store = Store::open_in_memory().unwrap();
+        let q = Query::parse(
+            "match o: Order where not exists (match s: Shipped where s->order = o) select o.n",
+        )
+        .unwrap();
+        let mut watch = store.watch(&q, &Givens::new()).unwrap();
+        let a = order(1);
+        store.insert(&a).unwrap();
+        assert_eq!(watch.poll(&store).unwrap().len(), 1);
+        let shipped = Fact::builder("Shipped")
+            .predecessor("order", a.hash())
+            .build()
+            .unwrap();
+        store.insert_batch(vec![order(2), shipped]).unwrap();
+        let position = watch.position();
+        // The recheck of order 1 (after order 2 was taken in) fails.
+        super::super::run::FAIL_NEXT_ROWS_BOUND.with(|f| f.set(true));
+        assert!(watch.poll(&store).is_err());
+        assert_eq!(watch.position(), position);
+        assert_eq!(
+            watch.results().len(),
+            1,
+            "order 1 alone, as before the poll"
+        );
+        let changes = watch.poll(&store).unwrap();
+        let added = changes
+            .iter()
+            .filter(|c| matches!(c, Change::Added(_)))
+            .count();
+        let removed = changes
+            .iter()
+            .filter(|c| matches!(c, Change::Removed(_)))
+            .count();
+        assert_eq!((added, removed), (1, 1), "{changes:?}");
+        assert_eq!(watch.results().len(), 1, "order 2 alone");
     }
 }
