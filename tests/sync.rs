@@ -177,6 +177,48 @@ conformance_sync! {
 }
 
 conformance_sync! {
+    /// A node whose held facts wait for more hashes than one fetch asks for, the lowest of
+    /// them hashes no one has, still gets an ancestor the server has: the fetch pages
+    /// through every absent hash instead of asking for the lowest page again.
+    fn a_fetch_reaches_past_a_page_of_hashes_no_one_has(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let world = fact("World", 0, &[]);
+        let shop = fact("Shop", 1, &[world.hash()]);
+        let other = fact("Other", 3, &[]);
+        let sa = a.store();
+        sa.insert_batch(vec![world.clone(), shop.clone(), other.clone()])
+            .unwrap();
+        let server = a.serve();
+        let c = Node::on(client);
+        let sc = c.store();
+        let client = Client::new(&server.url(), ClientOptions::default()).unwrap();
+        let scoped = SyncOptions {
+            direction: Direction::Pull,
+            roots: vec![shop.hash()],
+        };
+        client.sync(&sc, &scoped, &mut |_| {}).unwrap();
+        // 1,000 held facts (a fetch's page) waiting for hashes below any real one.
+        let orphans: Vec<precedent::Fact> = (0..1000u16)
+            .map(|i| {
+                let mut low = [0u8; 32];
+                low[2..4].copy_from_slice(&i.to_be_bytes());
+                fact("Orphan", i64::from(i), &[FactHash(low)])
+            })
+            .collect();
+        assert_eq!(sc.insert_batch(orphans).unwrap().held, 1000);
+        // A fact below the root that names one outside the scope: it arrives held, and
+        // its ancestor, the one absent hash the server has, sorts after the 1,000.
+        let join = fact("Join", 9, &[shop.hash(), other.hash()]);
+        sa.insert(&join).unwrap();
+        let r = client.sync(&sc, &scoped, &mut |_| {}).unwrap();
+        assert!(r.fetched >= 1, "{r:?}");
+        assert!(sc.get(&other.hash()).unwrap().is_some(), "{r:?}");
+        assert!(sc.get(&join.hash()).unwrap().is_some());
+        assert_eq!(sc.held_count().unwrap(), 1000);
+    }
+}
+
+conformance_sync! {
     fn scoped_sync_takes_the_slice_below_its_roots_and_their_ancestors(server: Backend, client: Backend) {
         let a = Node::on(server);
         let world = fact("World", 0, &[]);

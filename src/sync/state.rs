@@ -296,12 +296,21 @@ impl Store {
     }
 
     /// Hashes that held facts wait for and that are not stored at all (neither released
-    /// nor held): what to ask a peer for. At most `limit`.
+    /// nor held): what to ask a peer for. At most `limit`, the lowest first.
     ///
     /// # Errors
     /// [`Error::Backend`].
     pub fn absent_ancestors(&self, limit: usize) -> Result<Vec<FactHash>> {
-        self.read(|r| absent_ancestors(r, limit))
+        self.read(|r| absent_ancestors(r, None, limit))
+    }
+
+    /// As [`Store::absent_ancestors`], those above `after`: the next page, so that a peer
+    /// is asked for every absent hash in turn, not only for the lowest ones again.
+    ///
+    /// # Errors
+    /// [`Error::Backend`].
+    pub fn absent_ancestors_after(&self, after: &FactHash, limit: usize) -> Result<Vec<FactHash>> {
+        self.read(|r| absent_ancestors(r, Some(after), limit))
     }
 
     /// The sync state of the peer at `url`, if this store has synced with it.
@@ -401,16 +410,27 @@ impl Store {
     }
 }
 
-fn absent_ancestors(r: &dyn ReadTx, limit: usize) -> Result<Vec<FactHash>> {
-    r.query_vec(
-        "SELECT DISTINCT w.missing FROM held_wait w
+fn absent_ancestors(
+    r: &dyn ReadTx,
+    after: Option<&FactHash>,
+    limit: usize,
+) -> Result<Vec<FactHash>> {
+    let select = "SELECT DISTINCT w.missing FROM held_wait w
          WHERE NOT EXISTS (SELECT 1 FROM held h
            WHERE substr(h.hash, 1, 8) = substr(w.missing, 1, 8) AND h.hash = w.missing)
-           AND NOT EXISTS (SELECT 1 FROM fact f WHERE f.hash = w.missing)
-         LIMIT ?1",
-        args![limit as i64],
-        |r| r.hash(0),
-    )
+           AND NOT EXISTS (SELECT 1 FROM fact f WHERE f.hash = w.missing)";
+    match after {
+        None => r.query_vec(
+            &format!("{select} ORDER BY w.missing LIMIT ?1"),
+            args![limit as i64],
+            |r| r.hash(0),
+        ),
+        Some(after) => r.query_vec(
+            &format!("{select} AND w.missing > ?2 ORDER BY w.missing LIMIT ?1"),
+            args![limit as i64, after],
+            |r| r.hash(0),
+        ),
+    }
 }
 
 fn peer(r: &dyn ReadTx, url: &str) -> Result<Option<PeerState>> {
@@ -626,6 +646,6 @@ impl Writer<'_> {
     /// # Errors
     /// [`Error::Backend`].
     pub fn absent_ancestors(&self, limit: usize) -> Result<Vec<FactHash>> {
-        absent_ancestors(self.sql(), limit)
+        absent_ancestors(self.sql(), None, limit)
     }
 }

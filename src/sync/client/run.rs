@@ -484,19 +484,33 @@ impl Client {
         Ok(stored.batch)
     }
 
-    /// Asks the server for the ancestors that held facts wait for, until none is absent
-    /// or the server has none of them.
+    /// Asks the server for the ancestors that held facts wait for, a page of absent
+    /// hashes at a time in hash order, until a pass over all of them stores nothing
+    /// (none is absent, or the server has none of them). Each pass goes through every
+    /// absent hash: asking for the lowest page again and again would never reach a hash
+    /// the server has behind a page of hashes it has not.
     fn fetch_missing(
         &self,
         r: &mut Round<'_>,
         report: &mut SyncReport,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<()> {
+        let (mut after, mut stored_in_pass) = (None::<FactHash>, false);
         loop {
-            let absent = r.store.absent_ancestors(r.fetch)?;
-            if absent.is_empty() {
-                return Ok(());
-            }
+            let absent = match &after {
+                None => r.store.absent_ancestors(r.fetch)?,
+                Some(h) => r.store.absent_ancestors_after(h, r.fetch)?,
+            };
+            let Some(&last) = absent.last() else {
+                // The end of a pass: again from the lowest if it stored facts (those it
+                // released, or holds, may wait for others now), else done.
+                if after.is_none() || !stored_in_pass {
+                    return Ok(());
+                }
+                (after, stored_in_pass) = (None, false);
+                continue;
+            };
+            after = Some(last);
             let records = self.fetch(&absent)?;
             report.bytes_pulled += records.iter().map(record_len).sum::<u64>();
             let (fetched, mut bad) = decode_records(records);
@@ -525,9 +539,7 @@ impl Client {
                 done: report.fetched,
                 total: 0,
             });
-            if !useful || batch.inserted + batch.held == 0 {
-                return Ok(());
-            }
+            stored_in_pass |= useful && batch.inserted + batch.held > 0;
         }
     }
 

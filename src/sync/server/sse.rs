@@ -163,16 +163,17 @@ impl Arrival {
     }
 }
 
-/// The figures now, counting from `last` when there is one.
+/// The figures now, counting from `last` when there is one. The count and the seq it runs
+/// to come from one statement: facts committed between two reads would otherwise be
+/// counted now and again next time, and the count would drift above the store's.
 fn read_figures(store: &Store, last: Option<Figures>) -> crate::Result<Figures> {
-    let seq = store.max_seq()?;
-    let facts = match last {
-        Some(l) if l.seq == seq => return Ok(l),
+    let (facts, seq) = match last {
+        Some(l) if l.seq == store.max_seq()? => return Ok(l),
         Some(l) => {
-            let (n, _) = store.release_page(l.seq, i64::MAX as u64)?;
-            l.facts + n
+            let (n, upto) = store.release_page(l.seq, i64::MAX as u64)?;
+            (l.facts + n, upto)
         }
-        None => store.count_and_max_seq()?.0,
+        None => store.count_and_max_seq()?,
     };
     Ok(Figures {
         seq,
