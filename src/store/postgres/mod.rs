@@ -44,6 +44,7 @@ mod write;
 use std::str::FromStr;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use postgres::{Client, NoTls};
 
@@ -247,6 +248,32 @@ impl PostgresBackend {
     }
 }
 
+/// The listener's connection settings: `config`'s, with TCP keepalives that find a dead
+/// connection within about a minute. The listener only reads, for as long as the store
+/// lives, so a connection that died without a reset (a NAT or firewall dropping it when
+/// idle, a failover) would show only to keepalives, after two hours by default; until
+/// then waiters would fall back to their poll interval. What the URL sets is kept.
+fn listener_config(config: &postgres::Config) -> postgres::Config {
+    let mut config = config.clone();
+    if !config.get_keepalives() {
+        // Turned off in the URL (`keepalives=0`).
+        return config;
+    }
+    if config.get_keepalives_idle() == DRIVER_KEEPALIVES_IDLE {
+        config.keepalives_idle(Duration::from_secs(30));
+    }
+    if config.get_keepalives_interval().is_none() {
+        config.keepalives_interval(Duration::from_secs(10));
+    }
+    if config.get_keepalives_retries().is_none() {
+        config.keepalives_retries(3);
+    }
+    config
+}
+
+/// The driver's keepalive idle time when the URL sets none (libpq's is the system's).
+const DRIVER_KEEPALIVES_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
+
 /// A client connected as `config` says, over TLS when `tls` is given.
 fn connect(
     config: &postgres::Config,
@@ -297,9 +324,27 @@ impl Backend for PostgresBackend {
         if listener.is_some() {
             return;
         }
-        let (config, tls) = (self.config.clone(), self.tls.clone());
+        let (config, tls) = (listener_config(&self.config), self.tls.clone());
         let connect = move || connect(&config, tls.as_ref()).map_err(|e| e.to_string());
         // A thread that cannot start leaves the waiters polling; the next wait tries again.
         *listener = notify::Listener::start(connect, wake.clone()).ok();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listener_probes_an_idle_connection_unless_the_url_says_otherwise() {
+        let config = |url: &str| listener_config(&postgres::Config::from_str(url).unwrap());
+        let c = config("postgres://u@h/d");
+        assert!(c.get_keepalives());
+        assert_eq!(c.get_keepalives_idle(), Duration::from_secs(30));
+        assert_eq!(c.get_keepalives_interval(), Some(Duration::from_secs(10)));
+        assert_eq!(c.get_keepalives_retries(), Some(3));
+        let c = config("postgres://u@h/d?keepalives_idle=90");
+        assert_eq!(c.get_keepalives_idle(), Duration::from_secs(90));
+        assert!(!config("postgres://u@h/d?keepalives=0").get_keepalives());
     }
 }

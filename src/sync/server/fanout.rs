@@ -393,8 +393,8 @@ impl Runner {
             shutdown,
         } = &self.setup;
         let mut last = Instant::now();
+        let mut mark = store.wake_mark();
         loop {
-            let mark = store.wake_mark();
             store.wait_for_wake(mark, *poll);
             let clients = lock(&self.shared.state).clients.len();
             if let Some(rest) = least_gap(clients).checked_sub(last.elapsed()) {
@@ -405,6 +405,9 @@ impl Runner {
                 self.end(None);
                 return;
             }
+            // Taken before the poll, as every waiter takes it: a commit after the poll's
+            // snapshot wakes the next wait at once, not a poll interval later.
+            mark = store.wake_mark();
             let mut st = lock(&self.shared.state);
             let changes = match st.watch.poll(store) {
                 Ok(c) => c,
