@@ -1278,6 +1278,46 @@ fn http_slow_request_times_out() {
     assert_nothing_stored(&node);
 }
 
+/// A push answered 408 (past the request timeout) goes on to its commit, holding its body:
+/// it keeps the push memory it took until then, so the next large push waits for it (and
+/// is told the server is busy) rather than taking memory the first still holds.
+#[test]
+fn a_push_past_the_timeout_keeps_its_memory_until_it_ends() {
+    use std::sync::{Arc, Barrier};
+    let node = Node::new();
+    let server = node.serve_with(|c| c.limits.request_timeout = Duration::from_millis(1000));
+    // Another writer holds the database, so the push's store work waits.
+    let (locked, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let holder = {
+        let (store, locked, release) = (node.store(), locked.clone(), release.clone());
+        std::thread::spawn(move || {
+            store
+                .write(|w| {
+                    w.insert(&fact("Lock", 0, &[]))?;
+                    locked.wait();
+                    release.wait();
+                    Ok(())
+                })
+                .unwrap();
+        })
+    };
+    locked.wait();
+    // A body of the whole push memory (64 MiB): one oversize record, refused and kept in
+    // the quarantine, which needs the writer.
+    let len = (64u32 << 20) - 5;
+    let mut big = vec![0x5a];
+    big.extend_from_slice(&len.to_be_bytes());
+    big.resize(64 << 20, 0);
+    let (first, _) = http(&server, "POST", "/v1/facts", CBOR, &big, None);
+    assert_eq!(first, 408);
+    let small = fact("Shop", 1, &[]).canonical_bytes().to_vec();
+    let (second, body) = http(&server, "POST", "/v1/facts", CBOR, &small, None);
+    assert_eq!(second, 503, "{body}");
+    assert!(body.to_string().contains("busy"), "{body}");
+    release.wait();
+    holder.join().unwrap();
+}
+
 #[test]
 fn http_garbage_request() {
     // Bytes that are not HTTP at all: the connection is answered 400 or closed, and the

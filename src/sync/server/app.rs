@@ -36,7 +36,7 @@ pub(super) struct App {
     /// The budget in bytes (`push_budget` has as many permits as KiB in it).
     pub(super) push_budget_bytes: usize,
     /// One permit: the push whose body is being stored.
-    pub(super) push_turn: tokio::sync::Semaphore,
+    pub(super) push_turn: Arc<tokio::sync::Semaphore>,
     /// Threads decoding a push ([`super::ServerConfig::decode_threads`]).
     pub(super) decode_threads: usize,
     /// The figures `GET /v1/events` sends.

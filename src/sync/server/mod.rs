@@ -228,7 +228,7 @@ impl Server {
                 self.config.limits.push_budget().div_ceil(1024),
             )),
             push_budget_bytes: self.config.limits.push_budget(),
-            push_turn: Semaphore::new(1),
+            push_turn: Arc::new(Semaphore::new(1)),
             decode_threads: self.config.decode_threads,
             events,
             watches: fanout::Watches::default(),

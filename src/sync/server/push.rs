@@ -55,23 +55,30 @@ pub(super) async fn push(
     let caller = authorize(&app, &headers, Need::Write)?;
     let form = PushForm::of(&headers)?;
     inc(&app.metrics.requests_push, 1);
-    let (_permit, announced) = take_budget(&app, &headers).await?;
+    let (permit, announced) = take_budget(&app, &headers).await?;
     let bytes = read_push_body(&app, body, announced).await?;
     // One push at a time on a blocking thread: they take turns at the store's one writer
     // anyway, and so a push's decoding does not run on a thread (and in an allocator
     // arena) of its own while the others wait, which under many concurrent pushes left
     // each arena holding a push's worth of freed memory.
-    let _turn = app
+    let turn = app
         .push_turn
-        .acquire()
+        .clone()
+        .acquire_owned()
         .await
         .map_err(|_| Failure::internal("server is shutting down".into()))?;
     let a = app.clone();
-    let report = tokio::task::spawn_blocking(move || match form {
-        PushForm::Cbor => store_push(&a, &caller, &bytes),
-        json => {
-            let records = json_records(&bytes, json)?;
-            store_records(&a, &caller, &records, decode_json)
+    // The turn and the body's memory permits go with the work, not with this request: a
+    // request that passes the request timeout is answered 408 while its push goes on to
+    // its commit, and until then it still holds the body and the store's writer.
+    let report = tokio::task::spawn_blocking(move || {
+        let _held = (turn, permit);
+        match form {
+            PushForm::Cbor => store_push(&a, &caller, &bytes),
+            json => {
+                let records = json_records(&bytes, json)?;
+                store_records(&a, &caller, &records, decode_json)
+            }
         }
     })
     .await
