@@ -214,6 +214,42 @@ fn a_long_poll_answers_before_the_request_timeout() {
     assert!(body.is_empty());
 }
 
+/// A waiting pull is woken by a commit through the server, as `--poll-interval` says, not
+/// at its next look a poll interval later: with an interval of a minute, a fact pushed
+/// while a pull waits is in that pull's answer at once.
+#[test]
+fn a_waiting_pull_is_woken_by_a_push() {
+    let node = Node::new();
+    let server = node.serve_with(|c| {
+        c.poll_interval = std::time::Duration::from_secs(60);
+        c.limits.request_timeout = std::time::Duration::from_secs(120);
+    });
+    let started = std::time::Instant::now();
+    let (status, body) = std::thread::scope(|s| {
+        let pull = s.spawn(|| {
+            raw_http(
+                server.addr(),
+                "GET",
+                "/v1/facts?wait_ms=90000",
+                "",
+                b"",
+                None,
+            )
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let shop = fact("Shop", 1, &[]).canonical_bytes().to_vec();
+        assert_eq!(http(&server, "POST", "/v1/facts", CBOR, &shop, None).0, 200);
+        pull.join().unwrap()
+    });
+    assert_eq!(status, 200);
+    assert!(!body.is_empty(), "the pushed fact");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "answered after {:?}, at the poll interval, not at the push",
+        started.elapsed()
+    );
+}
+
 /// `/v1/health` (no token) and `/v1/info` report the server's limits; `info` also the
 /// database's identity.
 #[test]

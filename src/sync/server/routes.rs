@@ -281,26 +281,29 @@ async fn serve_pull(
     let mut shutdown = app.shutdown.clone();
     let page = loop {
         let qq = q.clone();
-        let page = app
+        let (page, mark) = app
             .with_store(move |store| {
+                // Taken before the read: a commit after it wakes the wait below at once.
+                let mark = store.wake_mark();
                 let max_seq = store.max_seq()?;
-                if qq.roots.is_empty() {
+                let page = if qq.roots.is_empty() {
                     let (count, through) = store.release_page(qq.after, qq.limit)?;
-                    Ok(Page {
+                    Page {
                         count,
                         through,
                         max_seq,
                         seqs: None,
-                    })
+                    }
                 } else {
                     let seqs = store.scope_page(&qq.roots, qq.after, max_seq, qq.limit)?;
-                    Ok(Page {
+                    Page {
                         count: seqs.len() as u64,
                         through: seqs.last().copied().unwrap_or(qq.after.max(0)),
                         max_seq,
                         seqs: Some(seqs),
-                    })
-                }
+                    }
+                };
+                Ok((page, mark))
             })
             .await?;
         // A scoped page that found nothing new has still seen everything up to max_seq.
@@ -322,9 +325,13 @@ async fn serve_pull(
         if page.count > 0 || page.max_seq > q.after || now >= deadline || *shutdown.borrow() {
             break page;
         }
+        // Woken by a commit through the served store (and, on PostgreSQL, by any
+        // process's); bounded by the poll interval for what nothing announces.
         let nap = app.poll.min(deadline - now);
+        let a = app.clone();
+        let waited = tokio::task::spawn_blocking(move || a.store.wait_for_wake(mark, nap));
         tokio::select! {
-            _ = tokio::time::sleep(nap) => {}
+            _ = waited => {}
             _ = shutdown.changed() => {}
         }
     };
