@@ -462,7 +462,7 @@ impl Watch {
                 .get(&key)
                 .is_some_and(|old| old.value != row.value)
             {
-                self.put(key, row.clone());
+                self.put(row.clone());
                 changes.push(Change::Updated(row));
             }
         }
@@ -579,7 +579,7 @@ impl Watch {
             return;
         }
         let Some(n) = self.query.limit else {
-            self.put(row.key.clone(), row.clone());
+            self.put(row.clone());
             changes.push(Change::Added(row));
             return;
         };
@@ -589,7 +589,7 @@ impl Watch {
                 _ => return,
             }
         }
-        self.put(row.key.clone(), row.clone());
+        self.put(row.clone());
         changes.push(Change::Added(row));
         if self.results.len() as u64 > n {
             let key = self.last().map(|r| r.key.clone()).unwrap_or_default();
@@ -627,14 +627,16 @@ impl Watch {
         self.complete = (envs.len() as u64) < want;
         for env in envs {
             let row = store.row(&self.query, &env)?;
-            self.put(row.key.clone(), row.clone());
+            self.put(row.clone());
             changes.push(Change::Added(row));
         }
         Ok(())
     }
 
-    /// Sets the result of `key`, remembering its value before for [`Watch::poll`]'s undo.
-    fn put(&mut self, key: Vec<i64>, row: QueryRow) {
+    /// Sets the result of `row`'s key, remembering its value before for [`Watch::poll`]'s
+    /// undo.
+    fn put(&mut self, row: QueryRow) {
+        let key = row.key.clone();
         let was = self.results.insert(key.clone(), row);
         self.undo.push((key, was));
     }

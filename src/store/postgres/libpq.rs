@@ -314,11 +314,21 @@ fn fields(line: &str) -> Option<[String; 5]> {
     (k == 4).then_some(out)
 }
 
+/// An environment of `pairs` alone, for tests ([`Env`]).
+#[cfg(test)]
+pub(crate) fn test_env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let map: std::collections::HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k: &str| map.get(k).cloned()
+}
+
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
     use std::str::FromStr;
 
+    use super::test_env as env;
     use super::*;
 
     fn config(url: &str) -> postgres::Config {
@@ -330,14 +340,6 @@ mod tests {
         let mut c = config(&port_in_url(url, env)?);
         let password = complete(&mut c, env)?;
         Ok((c, password))
-    }
-
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k: &str| map.get(k).cloned()
     }
 
     fn pass_file(dir: &Path, text: &str, mode: u32) -> PathBuf {

@@ -319,16 +319,8 @@ impl ServerCertVerifier for AnyName {
 
 #[cfg(test)]
 mod tests {
+    use super::super::libpq::test_env as env;
     use super::*;
-
-    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k: &str| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    }
 
     #[test]
     fn what_the_url_leaves_out_comes_from_libpqs_variables() {
