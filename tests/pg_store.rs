@@ -395,6 +395,29 @@ fn a_server_that_is_down_says_so() {
     assert!(!text.contains('\n'), "{text}");
 }
 
+/// A URL the driver cannot read is refused before connecting, saying which of its
+/// options is wrong (no server needed).
+#[test]
+fn a_bad_url_option_is_named() {
+    for (query, says) in [
+        ("bogus=1", "unknown option `bogus`"),
+        (
+            "connect_timeout=soon",
+            "invalid value for option `connect_timeout`",
+        ),
+    ] {
+        let url = format!("postgres://someone@127.0.0.1:1/db?{query}");
+        let err = Store::open_with(&url, StoreOptions::default())
+            .map(|_| ())
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::Open { .. }), "{err:?}");
+        assert!(text.contains("not a postgresql url"), "{text}");
+        assert!(text.contains(says), "{text}");
+        assert!(!text.contains('\n'), "{text}");
+    }
+}
+
 #[test]
 fn a_wrong_password_says_so_and_is_not_shown() {
     let Some(db) = pg::db() else { return };

@@ -87,7 +87,7 @@ fn describe(e: &postgres::Error) -> (BackendErrorKind, String) {
 }
 
 /// The driver's message with its causes, on one line.
-fn one_line(e: &postgres::Error) -> String {
+pub(super) fn one_line(e: &postgres::Error) -> String {
     let mut s = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {

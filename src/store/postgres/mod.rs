@@ -130,7 +130,9 @@ impl PostgresBackend {
         let env = libpq::process_env;
         let with_port = libpq::port_in_url(url, &env).map_err(|e| errors::open(url, e))?;
         let (driver_url, tls) = tls::split(&with_port, &env).map_err(bad)?;
-        let mut config = postgres::Config::from_str(&driver_url).map_err(|e| bad(e.to_string()))?;
+        // With the driver's cause: which option is unknown or has a bad value.
+        let mut config =
+            postgres::Config::from_str(&driver_url).map_err(|e| bad(errors::one_line(&e)))?;
         let password = libpq::complete(&mut config, &env).map_err(|e| errors::open(url, e))?;
         config.ssl_mode(tls.driver_mode());
         let tls = tls.connector().map_err(|e| errors::open(url, e))?;
