@@ -258,6 +258,36 @@ fn import_stores_valid_lines_and_names_the_invalid_ones() {
     assert_eq!(db.stats()["released"], 3);
 }
 
+/// A JSON Lines file whose first line is bad (a header, a stray `[`), or which starts
+/// with a UTF-8 byte order mark, is still read as JSON Lines: the bad line is listed and
+/// every valid line stored. (Only a fact's CBOR array head, 0x84, means a CBOR sequence.)
+#[test]
+fn a_bad_first_line_or_a_byte_order_mark_keeps_json_lines() {
+    let good = jsonl(&tree(1));
+    for (start, listed) in [
+        ("id,type\n", Some("line 1: ")),
+        ("[\n", Some("line 1: ")),
+        ("\u{feff}", None),
+        ("\u{feff}\n  \n", None),
+    ] {
+        let db = Db::init();
+        let file = db.file("first.jsonl");
+        write(&file, format!("{start}{good}"));
+        let out = db.run(&["import", file.to_str().unwrap()]);
+        let err = stderr(&out);
+        match listed {
+            Some(label) => {
+                assert_eq!(code(&out), 1, "{start:?}: {err}");
+                assert!(err.contains(label), "{start:?}: {err}");
+                assert!(err.contains("1 of 4 records"), "{start:?}: {err}");
+            }
+            None => assert_eq!(code(&out), 0, "{start:?}: {err}"),
+        }
+        assert!(!err.contains("cbor"), "{start:?}: {err}");
+        assert_eq!(db.stats()["released"], 3, "{start:?}: {err}");
+    }
+}
+
 #[test]
 fn atomic_import_with_a_bad_line_stores_nothing() {
     let db = Db::new();

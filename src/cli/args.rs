@@ -77,8 +77,8 @@ pub enum Command {
     Import {
         /// The input file, or `-` for stdin.
         file: PathBuf,
-        /// Input format; by default `{` as the first non-blank byte means JSON Lines,
-        /// anything else a CBOR sequence.
+        /// Input format; by default a CBOR sequence if the first non-blank byte is a
+        /// fact's array head (0x84), else JSON Lines (a UTF-8 byte order mark skipped).
         #[arg(long, value_enum)]
         format: Option<Format>,
         /// All or nothing: one transaction, and nothing is stored if any record is invalid.

@@ -4,11 +4,16 @@
 use std::io::{self, BufRead, Read};
 
 use precedent::encoding;
+use precedent::fact::limits::MAX_FACT_BYTES;
 
 use super::args::Format;
 
 /// Bytes read at a time from a CBOR sequence.
 pub const READ_BYTES: usize = 64 << 10;
+
+/// Most bytes read of a record too large for a fact to find its end and skip it (as the
+/// sync server's stream reader does); past that, the rest of the input is one bad record.
+const MAX_OVERSIZE: usize = 64 << 20;
 
 /// One record of the input, not yet parsed.
 pub struct Record {
@@ -95,24 +100,40 @@ impl<R: Read> CborSeq<R> {
             if !avail.is_empty() {
                 let framed = encoding::item_len(avail);
                 let label = format!("record {} (byte offset {})", self.index + 1, self.offset);
-                let body = match framed {
-                    Ok(Some(n)) => {
-                        let body = Body::Cbor(avail[..n].to_vec());
-                        self.start += n;
-                        self.offset += n as u64;
-                        Some(body)
-                    }
-                    Ok(None) if self.eof => Some(Body::Bad(
-                        "input ends inside this record (truncated)".into(),
+                // A record and whether the reading stops after it.
+                let found = match framed {
+                    Ok(Some(n)) => Some((Body::Cbor(avail[..n].to_vec()), n, false)),
+                    Ok(None) if self.eof => Some((
+                        Body::Bad("input ends inside this record (truncated)".into()),
+                        0,
+                        true,
                     )),
                     Ok(None) => None,
-                    Err(e) => Some(Body::Bad(format!(
-                        "{e}; the rest of the input cannot be split into records"
-                    ))),
+                    // A well-framed record too large for a fact is one bad record, and the
+                    // reading goes on after it, as the sync server's splitting does.
+                    Err(e) => match encoding::item_len_within(avail, usize::MAX) {
+                        Ok(Some(n)) => Some((
+                            Body::Bad(format!(
+                                "record of {n} bytes is over the limit of {MAX_FACT_BYTES} bytes"
+                            )),
+                            n,
+                            false,
+                        )),
+                        Ok(None) if !self.eof && avail.len() < MAX_OVERSIZE => None,
+                        _ => Some((
+                            Body::Bad(format!(
+                                "{e}; the rest of the input cannot be split into records"
+                            )),
+                            0,
+                            true,
+                        )),
+                    },
                 };
-                if let Some(body) = body {
+                if let Some((body, n, stop)) = found {
+                    self.start += n;
+                    self.offset += n as u64;
                     self.index += 1;
-                    self.stopped = matches!(body, Body::Bad(_));
+                    self.stopped = stop;
                     return Ok(Some(Record { label, body }));
                 }
             }
@@ -142,18 +163,30 @@ impl<R: Read> CborSeq<R> {
     }
 }
 
-/// Chooses the format (the first non-blank byte `{` means JSON Lines) without consuming
-/// anything but leading whitespace; returns it with the bytes and newlines skipped.
+/// The UTF-8 byte order mark some editors write at the start of a text file.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+/// The first byte of every fact's canonical encoding: the head of an array of four.
+const FACT_HEAD: u8 = 0x84;
+
+/// Chooses the format without consuming anything but a UTF-8 byte order mark and leading
+/// whitespace; returns it with the bytes and newlines skipped. A CBOR sequence of facts
+/// starts with a fact's array head (`0x84`, which no text starts with); anything else is
+/// JSON Lines, so that a text file whose first line is bad (a header, a stray character)
+/// still has its other lines read, each judged on its own.
 pub fn sniff(r: &mut impl BufRead, format: Option<Format>) -> io::Result<(Format, u64, u64)> {
     let (mut skipped, mut lines) = (0u64, 0u64);
+    if format != Some(Format::Cbor) && r.fill_buf()?.starts_with(BOM) {
+        r.consume(BOM.len());
+        skipped += BOM.len() as u64;
+    }
     loop {
         let buf = r.fill_buf()?;
         let blank = buf.iter().take_while(|b| b.is_ascii_whitespace()).count();
         let found = buf.get(blank).copied();
         if found.is_some() || buf.is_empty() {
             let sniffed = match found {
-                Some(b'{') | None => Format::Json,
-                Some(_) => Format::Cbor,
+                Some(FACT_HEAD) => Format::Cbor,
+                _ => Format::Json,
             };
             return Ok((format.unwrap_or(sniffed), skipped, lines));
         }
