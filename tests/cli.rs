@@ -119,6 +119,32 @@ fn add_reports_held_then_duplicate_and_stores_inline_facts_first() {
     assert_eq!(stats["held"], 0);
 }
 
+/// `held --limit 0` with facts held says how many, not that none are.
+#[test]
+fn held_with_limit_zero_counts_what_it_does_not_show() {
+    let db = Db::new();
+    let parent = Fact::builder("P").field("n", 1).build().unwrap();
+    for n in 0..2 {
+        let child = Fact::builder("C")
+            .field("n", n)
+            .predecessor("p", parent.hash())
+            .build()
+            .unwrap();
+        db.ok(&["add", &json::to_json(&child).to_string()]);
+    }
+    let text = db.ok(&["held", "--limit", "0"]);
+    assert!(!text.contains("no held facts"), "{text}");
+    assert!(
+        text.contains("showing the 0 oldest of 2 held facts"),
+        "{text}"
+    );
+    let text = db.ok(&["held", "--limit", "1"]);
+    assert!(
+        text.contains("showing the 1 oldest of 2 held facts"),
+        "{text}"
+    );
+}
+
 #[test]
 fn unknown_and_short_prefixes_are_clear_errors() {
     let db = Db::new();

@@ -28,11 +28,13 @@ pub fn held(g: &Global, limit: usize) -> anyhow::Result<Status> {
         return Ok(Status::Ok);
     }
     let total = store.held_count()?;
-    if held.is_empty() {
+    if held.is_empty() && total == 0 {
         writeln!(out, "no held facts: every stored fact is released")?;
         return Ok(Status::Ok);
     }
-    writeln!(out, "{:<64}  {:<24}  waits for", "hash", "type")?;
+    if !held.is_empty() {
+        writeln!(out, "{:<64}  {:<24}  waits for", "hash", "type")?;
+    }
     for h in &held {
         let mut missing = h.missing.iter();
         let first = missing.next().map(|m| m.to_string()).unwrap_or_default();

@@ -43,15 +43,17 @@ pub fn parse_ms_or_duration(text: &str) -> Result<Duration, String> {
     parse_or_bare(text, Duration::from_millis(1))
 }
 
+/// The last millisecond of the year 9999, the latest instant RFC 3339 can write.
+const LAST_RFC3339_MS: i64 = 253_402_300_799_999;
+
 /// Milliseconds since the epoch as an RFC 3339 instant in UTC, to the second:
-/// `2026-12-01T11:28:28Z`.
+/// `2026-12-01T11:28:28Z`. A time before 1970 or after 9999 (which a fact read from a
+/// peer may carry) is written as its number: `-1 ms since 1970`.
 pub fn format_ms(ms: i64) -> String {
-    let at = if ms >= 0 {
-        UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs())
-    } else {
-        UNIX_EPOCH - Duration::from_millis(ms.unsigned_abs())
-    };
-    format_instant(at)
+    if !(0..=LAST_RFC3339_MS).contains(&ms) {
+        return format!("{ms} ms since 1970");
+    }
+    format_instant(UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs()))
 }
 
 fn format_instant(at: SystemTime) -> String {
@@ -66,6 +68,19 @@ pub fn format_duration_ms(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_millisecond_count_formats_without_panicking() {
+        assert_eq!(format_ms(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_ms(LAST_RFC3339_MS), "9999-12-31T23:59:59Z");
+        assert_eq!(format_ms(-1), "-1 ms since 1970");
+        assert_eq!(
+            format_ms(LAST_RFC3339_MS + 1),
+            "253402300800000 ms since 1970"
+        );
+        assert_eq!(format_ms(i64::MIN), format!("{} ms since 1970", i64::MIN));
+        assert_eq!(format_ms(i64::MAX), format!("{} ms since 1970", i64::MAX));
+    }
 
     #[test]
     fn durations_chain_units_and_old_forms_keep_their_unit() {
