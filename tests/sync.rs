@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{assert_topological, chain, fact};
+use precedent::sync::auth::{Grant, Tokens};
 use precedent::sync::client::{Client, ClientOptions, Direction, SyncOptions};
 use precedent::sync::server::Limits;
 use precedent::{Error, FactHash, Store};
@@ -494,6 +495,69 @@ conformance_sync! {
                 .last_error
                 .is_some()
         );
+    }
+}
+
+conformance_sync! {
+    /// A token limited to some types may send back facts of other types the server has
+    /// already (a node pushes what it pulled, when a pull committed and the push did not
+    /// follow): a duplicate writes nothing, so only a new fact of such a type is refused.
+    fn a_type_limited_token_may_send_back_facts_the_server_has(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let server = a.serve_with(|c| {
+            c.tokens = Tokens::new(vec![Grant {
+                name: "till".into(),
+                token: "t-secret".into(),
+                read: true,
+                write: true,
+                types: Some(vec!["Order".into()]),
+                work: Default::default(),
+                admin: false,
+            }])
+            .unwrap()
+        });
+        let shop = fact("Shop", 1, &[]);
+        a.store().insert(&shop).unwrap();
+        let b = Node::on(client);
+        let till = Client::new(
+            &server.url(),
+            ClientOptions {
+                token: Some("t-secret".into()),
+                ..ClientOptions::default()
+            },
+        )
+        .unwrap();
+        till.sync(&b.store(), &SyncOptions::default(), &mut |_| {}).unwrap();
+        // The till writes an order; the server gets a note; the till pulls the note alone,
+        // so its push bookmark stays before both.
+        let order = fact("Order", 2, &[shop.hash()]);
+        b.store().insert(&order).unwrap();
+        let note = fact("Note", 3, &[shop.hash()]);
+        a.store().insert(&note).unwrap();
+        let pull = SyncOptions {
+            direction: Direction::Pull,
+            ..SyncOptions::default()
+        };
+        till.sync(&b.store(), &pull, &mut |_| {}).unwrap();
+        // The next sync pushes the order and the note back: the order is stored.
+        till.sync(&b.store(), &SyncOptions::default(), &mut |_| {})
+            .unwrap();
+        assert!(a.store().get(&order.hash()).unwrap().is_some());
+        assert_converged(&[&a, &b]);
+        // By hand: a known Shop with a new Order is stored, the Shop counted a duplicate;
+        // a new Shop is refused and nothing of its body stored.
+        let order2 = fact("Order", 4, &[shop.hash()]);
+        let body = [shop.canonical_bytes(), order2.canonical_bytes()].concat();
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, Some("t-secret"));
+        assert_eq!(status, 200, "{json}");
+        assert_eq!((json["inserted"].as_u64(), json["duplicates"].as_u64()), (Some(1), Some(1)), "{json}");
+        let shop2 = fact("Shop", 5, &[]);
+        let order3 = fact("Order", 6, &[shop.hash()]);
+        let body = [order3.canonical_bytes(), shop2.canonical_bytes()].concat();
+        let (status, json) = http(&server, "POST", "/v1/facts", CBOR, &body, Some("t-secret"));
+        assert_eq!((status, json["error"].as_str()), (403, Some("forbidden_type")), "{json}");
+        assert!(a.store().lookup(&order3.hash()).unwrap().is_none());
+        assert!(a.store().lookup(&shop2.hash()).unwrap().is_none());
     }
 }
 
