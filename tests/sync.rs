@@ -844,6 +844,47 @@ conformance_sync! {
 }
 
 conformance_sync! {
+    /// A push-only follower waits for new facts here between rounds (it has nothing to
+    /// long-poll the server for): a few rounds a second at most, and a fact written here,
+    /// by this process or another, is pushed soon after.
+    fn a_push_only_follower_waits_for_local_facts(server: Backend, client: Backend) {
+        let a = Node::on(server);
+        let server = a.serve();
+        let b = Node::on(client);
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (url, db, stop2, rounds2) = (server.url(), b.db.clone(), stop.clone(), rounds.clone());
+        let follower = std::thread::spawn(move || {
+            let store = Store::open(&db).unwrap();
+            let client = Client::new(&url, ClientOptions::default()).unwrap();
+            let push = SyncOptions {
+                direction: Direction::Push,
+                ..SyncOptions::default()
+            };
+            client
+                .follow(&store, &push, Duration::from_secs(30), &stop2, &mut |r| {
+                    assert!(r.is_ok(), "{r:?}");
+                    rounds2.fetch_add(1, Ordering::Relaxed);
+                })
+                .unwrap();
+        });
+        wait_until(|| rounds.load(Ordering::Relaxed) > 0);
+        let first = rounds.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(1500));
+        let idle = rounds.load(Ordering::Relaxed) - first;
+        assert!(idle <= 2, "{idle} more rounds in 1.5 s with nothing to push");
+        // Written through another store on the same database, as another process would.
+        let f = fact("Out", 1, &[]);
+        b.store().insert(&f).unwrap();
+        let sa = a.store();
+        wait_until(|| sa.get(&f.hash()).unwrap().is_some());
+        stop.store(true, Ordering::Relaxed);
+        follower.join().unwrap();
+        assert_converged(&[&a, &b]);
+    }
+}
+
+conformance_sync! {
     fn info_digest_is_order_independent(server: Backend, client: Backend) {
         let a = Node::on(server);
         let b = Node::on(client);

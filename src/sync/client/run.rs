@@ -25,6 +25,9 @@ const FETCH: usize = 1000;
 /// Pushes after the first in one sync: each is needed only when pulling what the one
 /// before released on the server released held facts here in turn.
 const MORE_PUSHES: usize = 8;
+/// How often a push-only follower looks at this store's highest `seq` while it waits:
+/// commits by other processes on SQLite wake nothing.
+const LOCAL_LOOK: Duration = Duration::from_millis(500);
 
 /// What one round works with: the peer's bookmarks key, the sizes fitted to the server's
 /// limits, and what this round knows the peer has.
@@ -88,7 +91,13 @@ impl Client {
             Ok(mut report) => {
                 report.held = store.held_count()?;
                 let remote = report.remote_seq;
-                store.write(|w| w.record_peer_success(&key, remote))?;
+                // Bookkeeping no waiter waits for: it wakes no one (a push-only follower
+                // waits for this store's wake-ups, and its own would wake it at once).
+                store.write(|w| {
+                    w.record_peer_success(&key, remote)?;
+                    w.quiet();
+                    Ok(())
+                })?;
                 Ok(report)
             }
             Err(e) => {
@@ -99,7 +108,9 @@ impl Client {
     }
 
     /// Syncs, then keeps syncing as facts appear on either side until `stop` is set:
-    /// each round waits on the server (long-poll, up to `wait`) for new facts. Transport
+    /// each round waits on the server (long-poll, up to `wait`) for new facts; a
+    /// push-only follower ([`Direction::Push`]) waits instead, up to `wait`, for new facts
+    /// in `store`. Transport
     /// errors, and this store's database server being unavailable
     /// ([`Error::is_unavailable`]), are recorded and retried after a second; `on_round`
     /// sees each round's outcome.
@@ -119,7 +130,11 @@ impl Client {
         // process (a long `import --atomic`) past the busy timeout: doubled each time,
         // from 100 ms to 5 s, and back to the start after a round that succeeds.
         let mut locked_nap = LOCKED_NAP.0;
+        let push_only = options.direction == Direction::Push;
         while !stop.load(Ordering::Relaxed) {
+            // Taken before the round reads what to push, so that nothing written after
+            // that read is missed by the wait below.
+            let (mark, seq_before) = (store.wake_mark(), store.max_seq()?);
             let mut report = SyncReport::default();
             let result = self.round(store, options, wait, &mut report, &mut |_| {});
             let result = self.finish(store, options, result.map(|()| report));
@@ -128,6 +143,11 @@ impl Client {
                 locked_nap = LOCKED_NAP.0;
             }
             match result {
+                // A push-only round does not wait on the server: it waits here for new
+                // facts in this store instead, where a pulling round long-polls.
+                Ok(r) if push_only && r.pushed == 0 => {
+                    wait_for_local(store, mark, seq_before, wait, stop)?;
+                }
                 Ok(_) => {}
                 // Every page committed before the lock is kept with its bookmark; the
                 // next round starts from there.
@@ -687,6 +707,29 @@ impl Client {
         body.last = max;
         Ok(body)
     }
+}
+
+/// Waits, for at most `wait` and until `stop`, for facts released in `store` after `mark`
+/// (this process's commits, and on PostgreSQL every process's) or past `seq_before` (what
+/// another process committed on SQLite, looked for every [`LOCAL_LOOK`]).
+fn wait_for_local(
+    store: &Store,
+    mark: crate::store::WakeMark,
+    seq_before: i64,
+    wait: Duration,
+    stop: &AtomicBool,
+) -> Result<()> {
+    let until = std::time::Instant::now() + wait;
+    while !stop.load(Ordering::Relaxed) {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero()
+            || store.wait_for_wake(mark, left.min(LOCAL_LOOK))
+            || store.max_seq()? != seq_before
+        {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// One push request's body.
