@@ -137,6 +137,18 @@ pub(crate) fn batch_order(
     Ok(ordered)
 }
 
+/// Corrects `report` at the end of a batch whose facts still held are `still_held`: a
+/// fact held at its turn and released later in the same batch (its missing ancestor a
+/// fact held before the batch, released by a later fact's cascade) was new and is
+/// released, so it counts as inserted, as if it had been released on arrival.
+pub(crate) fn settle_held(report: &mut BatchReport, still_held: &BatchHeld) {
+    let still = still_held.len() as u64;
+    if report.held > still {
+        report.inserted += report.held - still;
+        report.held = still;
+    }
+}
+
 /// Adds the outcome of one fact of a parents-first batch to `report`: a fact refused by
 /// the held bound is listed, not an error; any other error ends the batch.
 pub(crate) fn tally(report: &mut BatchReport, outcome: Result<InsertOutcome>) -> Result<()> {
@@ -146,8 +158,8 @@ pub(crate) fn tally(report: &mut BatchReport, outcome: Result<InsertOutcome>) ->
             report.released += released;
         }
         Ok(InsertOutcome::Duplicate { .. }) => report.duplicates += 1,
-        // The batch is parents-first, so nothing later in it can release this fact: its
-        // missing ancestors are outside the batch.
+        // Its missing ancestors are outside the batch, but one may be a fact held before
+        // it that a later fact releases: [`settle_held`] counts that at the end.
         Ok(InsertOutcome::Held { .. }) => report.held += 1,
         Err(Error::HeldLimit { hash, .. }) => report.refused.push(hash),
         Err(e) => return Err(e),

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::fact::Fact;
 use crate::hash::FactHash;
 use crate::store::backend::HookRunner;
-use crate::store::steps::{Pred, batch_order, split_predecessors, tally};
+use crate::store::steps::{Pred, batch_order, settle_held, split_predecessors, tally};
 use crate::store::{BatchReport, InsertOutcome};
 
 /// Facts written by one statement at most: bounds its arrays.
@@ -354,8 +354,11 @@ impl PgWrite<'_> {
         if outcome.is_ok() {
             outcome = self.write_pending(&mut b, hooks);
         }
-        self.batch_held = None;
+        let still_held = self.batch_held.take();
         self.batch_released = None;
+        if let (Ok(()), Some(still_held)) = (&outcome, &still_held) {
+            settle_held(&mut report, still_held);
+        }
         outcome.map(|()| report)
     }
 

@@ -14,7 +14,7 @@ use crate::fact::Fact;
 use crate::hash::FactHash;
 use crate::store::backend::{HookRunner, ReadTx, WriteTx};
 use crate::store::steps::{
-    Assumed, BatchHeld, Missing, Pred, batch_order, held_fact, released_predecessors,
+    Assumed, BatchHeld, Missing, Pred, batch_order, held_fact, released_predecessors, settle_held,
     split_predecessors, tally,
 };
 use crate::store::{BatchReport, InsertOutcome};
@@ -261,8 +261,11 @@ impl<'a> SqliteWrite<'a> {
         })?;
         self.batch_held = Some(HashMap::with_hasher(dag::BuildFactHasher));
         let outcome = self.insert_ordered(&ordered, &mut report, hooks);
-        self.batch_held = None;
+        let still_held = self.batch_held.take();
         outcome?;
+        if let Some(still_held) = still_held {
+            settle_held(&mut report, &still_held);
+        }
         Ok(report)
     }
 
