@@ -808,6 +808,10 @@ pub struct HookRunner<'a> {
     pub(crate) store: &'a super::Store,
     pub(crate) state: &'a mut super::TxState,
     pub(crate) later: &'a mut Vec<Fact>,
+    /// How many facts `later` held when each open savepoint was opened: a savepoint
+    /// rolled back takes back what hooks asked for in it, as it takes back their writes.
+    #[cfg(feature = "postgres")]
+    pub(crate) later_marks: Vec<usize>,
 }
 
 impl HookRunner<'_> {
@@ -844,6 +848,7 @@ impl HookRunner<'_> {
     /// the hooks.
     #[cfg(feature = "postgres")]
     pub(crate) fn savepoint_opened(&mut self) {
+        self.later_marks.push(self.later.len());
         for hook in &self.store.options().release_hooks {
             hook.savepoint_opened(self.state);
         }
@@ -853,6 +858,11 @@ impl HookRunner<'_> {
     /// back.
     #[cfg(feature = "postgres")]
     pub(crate) fn savepoint_closed(&mut self, rolled_back: bool) {
+        if let Some(mark) = self.later_marks.pop()
+            && rolled_back
+        {
+            self.later.truncate(mark);
+        }
         for hook in &self.store.options().release_hooks {
             hook.savepoint_closed(self.state, rolled_back);
         }

@@ -836,10 +836,15 @@ impl<'a> Writer<'a> {
         for hook in hooks {
             hook.savepoint_opened(&mut self.state);
         }
+        // What hooks ask to insert next goes with the savepoint's writes.
+        let later = self.later.len();
         let result = f(self);
         match &result {
             Ok(_) => self.tx.release_savepoint()?,
-            Err(_) => self.tx.rollback_savepoint()?,
+            Err(_) => {
+                self.tx.rollback_savepoint()?;
+                self.later.truncate(later);
+            }
         }
         // Told after the database, so that a hook sees the savepoint's fate as it is.
         for hook in hooks {
@@ -888,5 +893,7 @@ fn runner<'r>(
         store,
         state,
         later,
+        #[cfg(feature = "postgres")]
+        later_marks: Vec::new(),
     }
 }
