@@ -47,6 +47,9 @@ pub(super) struct Intercept<S: WriteNow> {
     in_request: bool,
     /// An answer was written, or the connection cannot answer any more.
     quiet: bool,
+    /// The last write was cut short: what hyper writes next continues it (the rest of a
+    /// body, whose bytes may look like anything), so it is not the start of an answer.
+    partial: bool,
 }
 
 impl<S: WriteNow> Intercept<S> {
@@ -56,6 +59,7 @@ impl<S: WriteNow> Intercept<S> {
             out: Vec::new(),
             in_request: false,
             quiet: false,
+            partial: false,
         }
     }
 }
@@ -108,6 +112,13 @@ fn answer(status: &str, code: &str, message: &str) -> Vec<u8> {
 }
 
 impl<S: AsyncWrite + WriteNow + Unpin> Intercept<S> {
+    /// Whether hyper starts an answer with `buf`: its status line, written after a
+    /// request was read and not in the middle of an earlier write (a body's bytes, which
+    /// a pulled fact's text can make look like a status line).
+    fn answer_starts(&self, buf: &[u8]) -> bool {
+        self.in_request && !self.partial && buf.starts_with(b"HTTP/1.1 ")
+    }
+
     /// Writes what is left of a replaced answer.
     fn drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.out.is_empty() {
@@ -146,7 +157,7 @@ impl<S: AsyncWrite + WriteNow + Unpin> AsyncWrite for Intercept<S> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         ready!(this.drain(cx))?;
-        if buf.starts_with(b"HTTP/1.1 ") {
+        if this.answer_starts(buf) {
             this.in_request = false;
             this.quiet = true;
             if let Some(out) = replacement(buf) {
@@ -157,7 +168,9 @@ impl<S: AsyncWrite + WriteNow + Unpin> AsyncWrite for Intercept<S> {
                 return Poll::Ready(Ok(buf.len()));
             }
         }
-        Pin::new(&mut this.inner).poll_write(cx, buf)
+        let written = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+        this.partial = written < buf.len();
+        Poll::Ready(Ok(written))
     }
 
     fn poll_write_vectored(
@@ -167,12 +180,14 @@ impl<S: AsyncWrite + WriteNow + Unpin> AsyncWrite for Intercept<S> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let first = bufs.iter().find(|b| !b.is_empty());
-        if first.is_some_and(|b| b.starts_with(b"HTTP/1.1 ")) || !this.out.is_empty() {
+        if first.is_some_and(|b| this.answer_starts(b)) || !this.out.is_empty() {
             // An answer starts (or a replaced one is going out): one slice at a time, so
             // that the check above sees the head by itself.
             return Pin::new(this).poll_write(cx, first.map_or(&[][..], |b| &b[..]));
         }
-        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+        let written = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
+        this.partial = written < bufs.iter().map(|b| b.len()).sum();
+        Poll::Ready(Ok(written))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -208,6 +223,106 @@ impl<S: WriteNow> Drop for Intercept<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A connection that reads `input` and takes at most `max` bytes a write.
+    struct Slow {
+        input: Vec<u8>,
+        out: Vec<u8>,
+        max: usize,
+    }
+
+    impl WriteNow for Slow {
+        fn write_now(&self, _buf: &[u8]) {}
+    }
+
+    impl AsyncRead for Slow {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let this = self.get_mut();
+            let n = this.input.len().min(buf.remaining());
+            buf.put_slice(&this.input[..n]);
+            this.input.drain(..n);
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for Slow {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let this = self.get_mut();
+            let n = buf.len().min(this.max);
+            this.out.extend_from_slice(&buf[..n]);
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A body whose bytes look like a bare error answer passes through untouched, when a
+    /// write cut short leaves them at the start of the next write, and also when the
+    /// client has sent its next request meanwhile.
+    #[tokio::test]
+    async fn body_bytes_that_look_like_an_answer_pass_through() {
+        let head = b"HTTP/1.1 200 OK\r\ncontent-length: 48\r\n\r\n".to_vec();
+        let body = b"xxxxHTTP/1.1 400 Bad\r\ncontent-length: 0\r\n\r\nyyyyyyy".to_vec();
+        for pipelined in [false, true] {
+            let mut c = Intercept::new(Slow {
+                input: b"GET /v1/facts HTTP/1.1\r\n\r\n".to_vec(),
+                out: Vec::new(),
+                max: 4,
+            });
+            let mut request = [0u8; 64];
+            let _ = c.read(&mut request).await.unwrap();
+            c.inner.max = usize::MAX;
+            c.write_all(&head).await.unwrap();
+            if pipelined {
+                c.inner.input = b"GET /v1/info HTTP/1.1\r\n\r\n".to_vec();
+                let _ = c.read(&mut request).await.unwrap();
+            }
+            c.inner.max = 4;
+            c.write_all(&body).await.unwrap();
+            c.flush().await.unwrap();
+            assert_eq!(
+                c.inner.out,
+                [head.clone(), body.clone()].concat(),
+                "{pipelined}"
+            );
+        }
+    }
+
+    /// A bare answer to a request hyper could not parse is still replaced.
+    #[tokio::test]
+    async fn a_bare_answer_after_a_request_is_replaced() {
+        let mut c = Intercept::new(Slow {
+            input: b"GET /\x01 HTTP/1.1\r\n\r\n".to_vec(),
+            out: Vec::new(),
+            max: usize::MAX,
+        });
+        let mut request = [0u8; 64];
+        let _ = c.read(&mut request).await.unwrap();
+        c.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        c.flush().await.unwrap();
+        assert!(
+            c.inner.out.ends_with(b"}"),
+            "{:?}",
+            String::from_utf8_lossy(&c.inner.out)
+        );
+    }
 
     #[test]
     fn only_bare_parse_error_answers_are_replaced() {
