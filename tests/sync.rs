@@ -561,6 +561,52 @@ conformance_sync! {
     }
 }
 
+/// Clients that ask for a large page and stop reading do not keep the server's store
+/// threads: a streamed answer waits at most the request timeout for its reader, then
+/// gives the thread (and its store read) back, so the server goes on answering.
+#[test]
+fn readers_that_stop_reading_give_back_the_store_threads() {
+    let a = Node::on(common::backend::Backend::Sqlite);
+    // 20,000 facts of about 1 KiB: a page far past the channel and the socket buffers.
+    let pad = "x".repeat(1024);
+    let facts: Vec<precedent::Fact> = (0..20_000)
+        .map(|i| {
+            precedent::Fact::builder("Big")
+                .field("i", i)
+                .field("pad", pad.as_str())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    a.store().insert_batch(facts).unwrap();
+    let server = a.serve_with(|c| {
+        c.store_threads = 2;
+        c.limits.request_timeout = Duration::from_secs(2);
+    });
+    let stalled: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(server.addr()).unwrap();
+            s.write_all(b"GET /v1/facts?after=0&limit=20000 HTTP/1.1\r\nhost: x\r\n\r\n")
+                .unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // A bound against hanging: the threads come back about 2 s after they stalled.
+    let answered = (0..8).any(|_| {
+        let ok = http(&server, "GET", "/v1/info", "", b"", None).0 == 200;
+        if !ok {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        ok
+    });
+    assert!(
+        answered,
+        "the server's store threads stayed with readers that stopped"
+    );
+    drop(stalled);
+}
+
 conformance! {
     fn limits_answer_with_clear_errors_and_store_nothing(b: Backend) {
         let a = Node::on(b);

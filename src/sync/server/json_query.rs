@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 
 use super::app::{App, Failure, Need, authorize};
 use super::json_api::full_hash;
-use super::routes::{bad_request, read_body, require_content_type};
+use super::routes::{bad_request, read_body, require_content_type, send_within};
 use crate::error::Error;
 use crate::predicate::{Number, SortKey};
 use crate::query::{Givens, Query, QueryRow, reads_collection};
@@ -74,6 +74,7 @@ pub(super) async fn query(
         let mut out = Answer {
             tx,
             buf: Vec::with_capacity(CHUNK_BYTES + 4096),
+            limit: a.limits.request_timeout,
         };
         match run(&a.store, &page, &mut out) {
             Ok(()) => {
@@ -82,7 +83,7 @@ pub(super) async fn query(
             // Before the first chunk, the error answer; after it, the body is cut (the
             // connection is closed without the chunked body's last chunk).
             Err(e) => {
-                let _ = out.tx.blocking_send(Msg::Fail(failure(e)));
+                send_within(&out.tx, Msg::Fail(failure(e)), out.limit);
             }
         }
     });
@@ -276,6 +277,8 @@ fn run(store: &Store, page: &Page, out: &mut Answer) -> crate::Result<()> {
 struct Answer {
     tx: mpsc::Sender<Msg>,
     buf: Vec<u8>,
+    /// How long a chunk may wait for the client to read (`send_within`).
+    limit: std::time::Duration,
 }
 
 impl Answer {
@@ -286,15 +289,18 @@ impl Answer {
         Ok(())
     }
 
-    /// Sends what is gathered; a client gone away stops the query.
+    /// Sends what is gathered; a client gone away, or reading nothing for the request
+    /// timeout, stops the query.
     fn flush(&mut self) -> crate::Result<()> {
         let chunk = Bytes::from(std::mem::replace(
             &mut self.buf,
             Vec::with_capacity(CHUNK_BYTES + 4096),
         ));
-        self.tx
-            .blocking_send(Msg::Chunk(chunk))
-            .map_err(|_| Error::Io(std::io::ErrorKind::BrokenPipe.into()))
+        if send_within(&self.tx, Msg::Chunk(chunk), self.limit) {
+            Ok(())
+        } else {
+            Err(Error::Io(std::io::ErrorKind::BrokenPipe.into()))
+        }
     }
 }
 

@@ -360,6 +360,7 @@ fn stream_page(app: Arc<App>, after: i64, page: &Page) -> Body {
     let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(8);
     let through = page.through;
     let seqs = page.seqs.clone();
+    let limit = app.limits.request_timeout;
     tokio::task::spawn_blocking(move || {
         let store = &app.store;
         let mut buf = Vec::with_capacity(80 * 1024);
@@ -367,8 +368,9 @@ fn stream_page(app: Arc<App>, after: i64, page: &Page) -> Body {
             buf.extend_from_slice(bytes);
             if buf.len() >= 64 * 1024 {
                 let chunk = Bytes::from(std::mem::replace(&mut buf, Vec::with_capacity(80 * 1024)));
-                tx.blocking_send(Ok(chunk))
-                    .map_err(|_| Error::Io(std::io::ErrorKind::BrokenPipe.into()))?;
+                if !send_within(&tx, Ok(chunk), limit) {
+                    return Err(Error::Io(std::io::ErrorKind::BrokenPipe.into()));
+                }
             }
             Ok(())
         };
@@ -379,11 +381,11 @@ fn stream_page(app: Arc<App>, after: i64, page: &Page) -> Body {
         match result {
             Ok(()) => {
                 if !buf.is_empty() {
-                    let _ = tx.blocking_send(Ok(Bytes::from(buf)));
+                    send_within(&tx, Ok(Bytes::from(buf)), limit);
                 }
             }
             Err(e) => {
-                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+                send_within(&tx, Err(std::io::Error::other(e.to_string())), limit);
             }
         }
     });
@@ -391,6 +393,21 @@ fn stream_page(app: Arc<App>, after: i64, page: &Page) -> Body {
         rx.recv().await.map(|item| (item, rx))
     });
     Body::from_stream(stream)
+}
+
+/// Sends `item` from a blocking thread of the runtime, waiting at most `limit` for room;
+/// `false` when the receiver is gone or did not take anything for that long. A client
+/// that stops reading a streamed answer gives back the thread, and the store read it
+/// holds, after `limit` (the request timeout), rather than never: a few such clients
+/// would otherwise hold every store thread of the server.
+pub(super) fn send_within<T>(tx: &mpsc::Sender<T>, item: T, limit: Duration) -> bool {
+    match tx.try_send(item) {
+        Ok(()) => true,
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
+        Err(mpsc::error::TrySendError::Full(item)) => tokio::runtime::Handle::current()
+            .block_on(tokio::time::timeout(limit, tx.send(item)))
+            .is_ok_and(|sent| sent.is_ok()),
+    }
 }
 
 /// Reads a request body, refusing one over the limit.
