@@ -831,6 +831,44 @@ fn a_watch_client_that_stops_reading_is_disconnected_and_others_get_everything()
     assert_eq!(again.snapshot().len(), FACTS);
 }
 
+/// A snapshot larger than the limit on how far a client may fall behind (16,384 results)
+/// is not counted against it: a client that joins and reads it at its own pace gets all
+/// of it, then the changes.
+#[test]
+fn a_watch_snapshot_over_the_behind_limit_is_read_in_full() {
+    const ORDERS: i64 = 20_000;
+    let db = Db::init();
+    let shop = common::shop::shop("corner");
+    // About 40 MB of results: more than the socket buffers take while the client waits.
+    let pad = "p".repeat(2000);
+    let order = |id: i64| {
+        Fact::builder("Shop.Order")
+            .field("id", id)
+            .field("pad", pad.as_str())
+            .predecessor("shop", shop.hash())
+            .build()
+            .unwrap()
+    };
+    let mut facts = vec![shop.clone()];
+    facts.extend((0..ORDERS).map(order));
+    db.store().insert_batch(facts).unwrap();
+    let server = Server::start(&db.path);
+    let url = server.url.clone();
+    let query = "given s: Shop match o: Shop.Order where o->shop = s select {id: o.id, pad: o.pad}";
+    let mut watch = Stream::open(
+        &url,
+        &watch_path(query, &[("s", shop.hash().to_string())]),
+        None,
+    );
+    assert_eq!(watch.status, 200);
+    // The shared watch polls every 50 ms while the client has not read yet.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(watch.snapshot().len(), ORDERS as usize);
+    post_json(&url, "/v1/facts", &json!([fact_json(&order(ORDERS))]), None);
+    let (k, v) = watch.expect();
+    assert_eq!((k.as_str(), v["id"].as_i64()), ("added", Some(ORDERS)));
+}
+
 #[test]
 fn on_postgres_a_push_to_another_server_reaches_this_server_s_watchers() {
     let Some(pg) = common::pg::db() else { return };

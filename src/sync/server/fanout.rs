@@ -18,7 +18,8 @@
 //! A client's queue holds pointers to shared events. A client whose queue holds
 //! [`WATCH_BUFFER`] results or more and that has read nothing for the stall limit is cut:
 //! its queue is dropped and its body ends with an error. A queue never holds more than
-//! [`QUEUE_LIMIT`] results: a client so far behind is cut at once. The shared watch ends
+//! [`QUEUE_LIMIT`] results after the client's snapshot (which holds the results as they
+//! were when it joined, however many): a client so far behind is cut at once. The shared watch ends
 //! when its last client leaves.
 
 use std::collections::{HashMap, VecDeque};
@@ -71,6 +72,10 @@ pub(super) struct Item {
 struct Queue {
     items: VecDeque<Item>,
     rows: usize,
+    /// Of `rows`, those of the client's snapshot not read yet (the queue's first ones):
+    /// the snapshot may be as large as the results are, and the limit on how far a
+    /// client falls behind counts what came after it.
+    snapshot: usize,
 }
 
 impl Queue {
@@ -79,9 +84,29 @@ impl Queue {
         self.items.extend(items.iter().cloned());
     }
 
+    /// A joining client's snapshot, queued before anything else.
+    fn snapshot(&mut self, items: &[Item]) {
+        self.extend(items);
+        self.snapshot = self.rows;
+    }
+
+    /// The front item, taken by the client's body.
+    fn pop(&mut self) -> Option<Item> {
+        let i = self.items.pop_front()?;
+        self.rows -= i.rows;
+        self.snapshot = self.snapshot.saturating_sub(i.rows);
+        Some(i)
+    }
+
+    /// Results queued after the snapshot.
+    fn behind(&self) -> usize {
+        self.rows - self.snapshot
+    }
+
     fn clear(&mut self) {
         self.items.clear();
         self.rows = 0;
+        self.snapshot = 0;
     }
 }
 
@@ -201,7 +226,7 @@ impl Client {
                 "client read nothing for {stall:?} with {} results waiting",
                 q.rows
             ))
-        } else if q.rows + new > QUEUE_LIMIT {
+        } else if new > 0 && q.behind() + new > QUEUE_LIMIT {
             Some(format!("client more than {QUEUE_LIMIT} results behind"))
         } else {
             None
@@ -239,14 +264,7 @@ impl Client {
             if let Some(why) = lock(&self.cut).clone() {
                 return Some(Err(why));
             }
-            let popped = {
-                let mut q = lock(&self.queue);
-                let i = q.items.pop_front();
-                if let Some(i) = &i {
-                    q.rows -= i.rows;
-                }
-                i
-            };
+            let popped = lock(&self.queue).pop();
             if let Some(i) = popped {
                 self.last_read.store(self.now_ms(), Ordering::Release);
                 return Some(Ok(i));
@@ -302,7 +320,7 @@ impl Watches {
                     .map_err(failure)?;
                 let mut items = b.finish();
                 items.push(ready());
-                lock(&client.queue).extend(&items);
+                lock(&client.queue).snapshot(&items);
                 st.clients.push(client.clone());
                 return Ok(client);
             }
@@ -326,7 +344,7 @@ impl Watches {
         watch.forget_results();
         let mut items = b.finish();
         items.push(ready());
-        lock(&client.queue).extend(&items);
+        lock(&client.queue).snapshot(&items);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 watch,
