@@ -799,3 +799,221 @@ fn long_poll_claims_beyond_the_store_threads_wait_without_a_thread_each() {
     got.dedup();
     assert_eq!(got.len(), WORKERS, "no input claimed twice");
 }
+
+/// A hub whose queue `invoice` over `n` orders is done by an invoice or a cancellation
+/// naming the order (`--done-by` twice).
+fn invoice_hub(dir: &Path, n: usize) -> (PathBuf, Vec<Fact>) {
+    let db = dir.join("hub.db");
+    run_ok(&db, &["init"], b"");
+    run_ok(
+        &db,
+        &[
+            "queue",
+            "add",
+            "invoice",
+            "--input",
+            "Shop.Order",
+            "--done-by",
+            "Shop.Invoice.order",
+            "--done-by",
+            "Shop.Order.Cancelled.order",
+        ],
+        b"",
+    );
+    let facts = orders(n, None);
+    import(&db, &facts);
+    (db, facts[1..].to_vec())
+}
+
+/// `precedent work invoice --once` with `handler`, remote when `url` is given, else on
+/// `db` itself; asserts that it succeeded.
+fn work_invoices(db: &Path, url: Option<&str>, handler: &str) {
+    let mut args = vec!["work", "invoice", "--once", "--quiet"];
+    if let Some(url) = url {
+        args.extend_from_slice(&["--remote", url]);
+    }
+    args.extend_from_slice(&["--", "sh", "-c", handler]);
+    let out = cmd(db, &args).stdin(Stdio::null()).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// For each input: how many facts of each type name it as `order`.
+fn naming_orders(db: &Path) -> BTreeMap<String, BTreeMap<String, usize>> {
+    let out = run_ok(db, &["export"], b"");
+    let mut counts: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let f: Json = serde_json::from_str(line).unwrap();
+        if let Some(order) = f["predecessors"]["order"].as_str() {
+            let types = counts.entry(order.to_string()).or_default();
+            *types
+                .entry(f["type"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// Runs `handler` on 3 orders of the `invoice` queue with a local worker and with a
+/// remote one, and asserts that both stored, for each input, one fact naming it: one of
+/// `kind`, the handler's (no `{"by": "precedent work"}` completion added).
+fn assert_completed_alike(handler: &str, kind: &str) {
+    let mut stored = Vec::new();
+    for remote in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, inputs) = invoice_hub(dir.path(), 3);
+        if remote {
+            let server = Serve::start(&db, "127.0.0.1:0", &[]);
+            let nowhere = dir.path().join("absent.db");
+            work_invoices(&nowhere, Some(&server.url), handler);
+        } else {
+            work_invoices(&db, None, handler);
+        }
+        let counts = naming_orders(&db);
+        for i in &inputs {
+            let want = BTreeMap::from([(kind.to_string(), 1)]);
+            let got = counts.get(&i.hash().to_string());
+            assert_eq!(got, Some(&want), "remote {remote}: {counts:?}");
+        }
+        let out = run_ok(&db, &["--json", "queue", "stats", "invoice"], b"");
+        let s: Json = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(s["completed"], 3, "remote {remote}: {s}");
+        stored.push(counts);
+    }
+    assert_eq!(stored[0], stored[1], "local and remote differ");
+}
+
+/// A fact that completes the input under the queue's second rule is its completion on a
+/// hub as locally: a cancelled order gets no invoice.
+#[test]
+fn a_remote_cli_worker_completes_under_any_rule_as_a_local_one() {
+    let cancel = r#"cat >/dev/null; printf '{"type":"Shop.Order.Cancelled","fields":{"why":"gone"},"predecessors":{"order":"%s"}}\n' "$PRECEDENT_INPUT_HASH""#;
+    assert_completed_alike(cancel, "Shop.Order.Cancelled");
+}
+
+/// A completing fact that names the input by a hash prefix is its completion on a hub as
+/// locally: no second completion is added.
+#[test]
+fn a_remote_cli_worker_completes_by_a_hash_prefix_as_a_local_one() {
+    let invoice = r#"cat >/dev/null; printf '{"type":"Shop.Invoice","fields":{"total":7},"predecessors":{"order":"%.16s"}}\n' "$PRECEDENT_INPUT_HASH""#;
+    assert_completed_alike(invoice, "Shop.Invoice");
+}
+
+/// A handler that prints nothing still gets the worker's own completing fact from a hub,
+/// once, as locally.
+#[test]
+fn a_remote_cli_worker_adds_its_own_completion_when_the_handler_writes_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, inputs) = invoice_hub(dir.path(), 2);
+    let server = Serve::start(&db, "127.0.0.1:0", &[]);
+    work_invoices(
+        &dir.path().join("absent.db"),
+        Some(&server.url),
+        "cat >/dev/null",
+    );
+    let counts = naming_orders(&db);
+    for i in &inputs {
+        let want = BTreeMap::from([("Shop.Invoice".to_string(), 1)]);
+        assert_eq!(counts.get(&i.hash().to_string()), Some(&want), "{counts:?}");
+    }
+}
+
+#[test]
+fn a_released_lease_is_offered_again_at_once_with_its_attempt_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, inputs) = hub(dir.path(), 1, "30s");
+    let server = Serve::start(&db, "127.0.0.1:0", &[]);
+    let q = queue(&server.url, None);
+    let lease = q.claim(1, Duration::ZERO).unwrap().pop().unwrap();
+    assert_eq!(lease.completions.len(), 1);
+    let r = q.release(&[&lease.id]).unwrap();
+    assert!(r[0].ok, "{r:?}");
+    // Released once: a second release, and a completion, find the lease gone.
+    let again = q.release(&[&lease.id]).unwrap();
+    assert_eq!(again[0].error.as_deref(), Some("lease_lost"), "{again:?}");
+    let back = q.claim(1, Duration::ZERO).unwrap().pop().unwrap();
+    assert_eq!((back.input.hash(), back.attempt), (inputs[0].hash(), 1));
+    let (status, body) = post(
+        server.addr,
+        "/v1/queues/ship/release",
+        "application/json",
+        &format!(r#"{{"leases": [{{"lease": "{}"}}], "extra": 1}}"#, back.id),
+    );
+    assert_eq!(status, 400, "{body}");
+}
+
+/// A remote worker stopped while its first command runs gives back the inputs of its
+/// batch it had not started, uncounted, as a local one does: they are offered again at
+/// once, not dead-lettered when their leases end (one attempt allowed here).
+#[test]
+fn a_stopped_remote_cli_worker_gives_back_the_inputs_it_had_not_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("hub.db");
+    run_ok(&db, &["init"], b"");
+    declare(&db, &["--lease", "30s", "--max-attempts", "1"]);
+    let facts = orders(3, None);
+    import(&db, &facts);
+    let server = Serve::start(&db, "127.0.0.1:0", &[]);
+    let pidfile = dir.path().join("handler.pid");
+    let handler = format!(
+        r#"echo $$ > "$PIDFILE"; sleep 1; cat >/dev/null; {}"#,
+        common::queue::EFFECT
+    );
+    let mut worker = cmd(
+        &dir.path().join("absent.db"),
+        &[
+            "work",
+            "ship",
+            "--remote",
+            &server.url,
+            "--batch",
+            "3",
+            "--quiet",
+            "--",
+            "sh",
+            "-c",
+            &handler,
+        ],
+    )
+    .env("PIDFILE", &pidfile)
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut rounds = 0;
+    while !pidfile.exists() {
+        rounds += 1;
+        assert!(rounds < 400, "the handler never started");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) };
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = worker.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the worker did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    };
+    assert!(status.success(), "{status:?}");
+    let dbs = db.to_str().unwrap();
+    let s = stats(dbs);
+    assert_eq!(
+        (s["completed"].as_u64(), s["leased"].as_u64()),
+        (Some(1), Some(0)),
+        "{s}"
+    );
+    // The two others, offered at once and still on their first attempt.
+    let q = queue(&server.url, None);
+    let leases = q.claim(3, Duration::ZERO).unwrap();
+    let attempts: Vec<u32> = leases.iter().map(|l| l.attempt).collect();
+    assert_eq!(attempts, [1, 1], "{}", stats(dbs));
+    assert_eq!(stats(dbs)["dead"], 0);
+}

@@ -6,9 +6,12 @@
 //! `--process`, `--timeout` alike); only the queue differs: [`Hub`], the local worker's
 //! [`WorkQueue`] seam over a [`RemoteQueue`]. The handler sees what it sees locally,
 //! without `PRECEDENT_DB`. Its facts are sent with the completion and stored with it in
-//! one transaction on the hub; a completing fact `{"by": "precedent work"}` is added when
-//! none of them completes the input, as locally. `--process` sends the completions of a
-//! round as one request.
+//! one transaction on the hub; a completing fact `{"by": "precedent work"}` goes with
+//! them as the completion's `otherwise`, which the hub stores only when none of them
+//! completes the input under any of the queue's rules once resolved, as locally. (A hub
+//! that predates `otherwise` is sent the fact unless one of the facts as written names
+//! the input by its full hash under the first rule.) `--process` sends the completions of
+//! a round as one request. Leases not started are given back (`release`), uncounted.
 //!
 //! The hub going away (connection refused, 503) does not stop the worker: each call is
 //! retried with a backoff of 100 ms doubling to 5 s for up to 5 minutes, answered
@@ -45,12 +48,22 @@ fn passing(e: &Error) -> bool {
 }
 
 impl Hub {
-    fn retrying<T>(&self, what: &str, mut call: impl FnMut() -> Result<T>) -> Result<T> {
+    fn retrying<T>(&self, what: &str, call: impl FnMut() -> Result<T>) -> Result<T> {
+        self.retrying_for(what, OUTAGE, call)
+    }
+
+    /// As [`Hub::retrying`], retried for up to `outage`.
+    fn retrying_for<T>(
+        &self,
+        what: &str,
+        outage: Duration,
+        mut call: impl FnMut() -> Result<T>,
+    ) -> Result<T> {
         let since = Instant::now();
         let mut pause = BACKOFF;
         loop {
             match call() {
-                Err(e) if passing(&e) && since.elapsed() < OUTAGE => {
+                Err(e) if passing(&e) && since.elapsed() < outage => {
                     eprintln!("warning: {what}: {e}; retrying in {} ms", pause.as_millis());
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(BACKOFF_CAP);
@@ -94,9 +107,10 @@ impl WorkQueue for Hub {
     fn complete(&self, done: &[(RemoteLease, Vec<Effect>)]) -> anyhow::Result<Vec<Completed>> {
         let mut items = Vec::with_capacity(done.len());
         for (lease, effects) in done {
-            items.push((lease.id.as_str(), completion_facts(lease, effects)?));
+            let (facts, otherwise) = completion_facts(lease, effects)?;
+            items.push((lease.id.as_str(), facts, otherwise));
         }
-        let results = self.retrying("complete", || self.queue.complete_json(&items))?;
+        let results = self.retrying("complete", || self.queue.complete_json_or(&items))?;
         Ok(results.into_iter().map(completed).collect())
     }
 
@@ -120,9 +134,23 @@ impl WorkQueue for Hub {
         Ok(failed(r.remove(0)))
     }
 
-    /// A hub has no release: the lease is left to end, and the input is offered again
-    /// then, its attempt not counted as a failure.
-    fn release(&self, _lease: RemoteLease) {}
+    /// Retried through an outage only while the lease would live anyway. A hub that
+    /// predates `release` (it sends no completion rules), or one that cannot be reached,
+    /// leaves the lease to end: the input is offered again then, the attempt counted.
+    fn release(&self, lease: RemoteLease) {
+        if lease.completions.is_empty() {
+            return;
+        }
+        let ids = [lease.id.as_str()];
+        let live = Duration::from_millis(lease.lease_ms.max(0) as u64);
+        match self.retrying_for("release", live, || self.queue.release(&ids)) {
+            Ok(r)
+                if r.first()
+                    .is_some_and(|r| r.ok || r.error.as_deref() == Some("lease_lost")) => {}
+            Ok(r) => eprintln!("warning: cannot release a lease: {r:?}"),
+            Err(e) => eprintln!("warning: cannot release a lease: {e}"),
+        }
+    }
 }
 
 /// What a hub's answer to one completion says.
@@ -149,19 +177,31 @@ fn failed(r: LeaseResult) -> Failed {
     }
 }
 
-/// A handler's facts as sent to the hub, with a completing fact of our own added unless
-/// one of them names the input under the completion rule.
-fn completion_facts(lease: &RemoteLease, effects: &[Effect]) -> Result<Vec<String>> {
+/// A handler's facts as sent to the hub, and the completing fact of our own that the hub
+/// stores only if none of them completes the input under any of the queue's rules (the
+/// hub resolves their prefixes and inline predecessors, as the local worker does).
+///
+/// A hub that predates `otherwise` (it sends no completion rules) is sent our fact among
+/// the handler's, unless one of those names the input by its full hash under the first
+/// rule: all that can be told here.
+fn completion_facts(
+    lease: &RemoteLease,
+    effects: &[Effect],
+) -> Result<(Vec<String>, Option<String>)> {
+    let mut facts: Vec<String> = effects.iter().map(|e| e.text.clone()).collect();
+    // Deterministic per input: a retry after a crash writes the same fact.
+    let own = lease.completion().field("by", "precedent work").build()?;
+    let own = json::to_json(&own).to_string();
+    if !lease.completions.is_empty() {
+        return Ok((facts, Some(own)));
+    }
     let rule = &lease.completion;
     let completes =
         (effects.iter()).any(|e| e.completes(&lease.input, &rule.type_name, &rule.role));
-    let mut facts: Vec<String> = effects.iter().map(|e| e.text.clone()).collect();
     if !completes {
-        // Deterministic per input: a retry after a crash writes the same fact.
-        let own = lease.completion().field("by", "precedent work").build()?;
-        facts.push(json::to_json(&own).to_string());
+        facts.push(own);
     }
-    Ok(facts)
+    Ok((facts, None))
 }
 
 /// `precedent work --remote URL`.

@@ -252,6 +252,17 @@ fn default_lease_ms() -> i64 {
 }
 
 impl QueueSpec {
+    /// Whether `fact` completes `input` under one of the queue's completion rules: it is
+    /// of a rule's type and names `input` through the rule's role.
+    pub fn completes(&self, fact: &Fact, input: &FactHash) -> bool {
+        self.completions.iter().any(|c| {
+            fact.type_name() == c.type_name
+                && (fact.predecessors())
+                    .get(&c.role)
+                    .is_some_and(|set| set.contains(input))
+        })
+    }
+
     /// A spec with the documented defaults: at-least-once, causal, 30 s lease, 10 attempts
     /// within 30 minutes, backoff from 1 s capped at 5 min with full jitter, alert on any
     /// dead letter or poison and on a ready input older than 5 minutes.

@@ -467,6 +467,27 @@ impl Writer<'_> {
         }
     }
 
+    /// Gives a leased input back without counting the attempt (see [`Store::release`]).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held; nothing is written then.
+    pub fn release(&mut self, lease: &Lease) -> Result<()> {
+        self.check_lease(lease)?;
+        let now = self.now_ms();
+        self.sql().execute(
+            concat!(
+                "UPDATE queue_item SET state = ",
+                state_code!(Ready),
+                ", claimable_at = ?3, lease_token = NULL,
+                     attempts = attempts - 1,
+                     first_attempt_at = CASE WHEN attempts = 1 THEN NULL ELSE first_attempt_at END
+                 WHERE queue_id = ?1 AND input = ?2"
+            ),
+            args![lease.queue_id, lease.seq, now],
+        )?;
+        Ok(())
+    }
+
     /// Fails a leased input (see [`Store::fail`]).
     ///
     /// # Errors
@@ -994,16 +1015,7 @@ impl Store {
     /// # Errors
     /// [`Error::LeaseLost`] if the lease is no longer held.
     pub fn release(&self, lease: Lease) -> Result<()> {
-        self.write(|w| {
-            w.check_lease(&lease)?;
-            let now = w.now_ms();
-            w.sql()
-                .execute(concat!("UPDATE queue_item SET state = ", state_code!(Ready), ", claimable_at = ?3, lease_token = NULL,
-                         attempts = attempts - 1,
-                         first_attempt_at = CASE WHEN attempts = 1 THEN NULL ELSE first_attempt_at END
-                     WHERE queue_id = ?1 AND input = ?2"), args![lease.queue_id, lease.seq, now])?;
-            Ok(())
-        })
+        self.write(|w| w.release(&lease))
     }
 
     /// Sends a dead-lettered or poison input back to its queue with a fresh retry budget,

@@ -70,9 +70,15 @@ pub struct LeaseBody {
     pub input: Box<RawValue>,
     /// The queue's first completion rule.
     pub completion: CompletionRule,
+    /// Every completion rule of the queue, the first one first. A hub that sends them
+    /// accepts [`CompleteItem::otherwise`] and `release`; one that predates them sends
+    /// none (read as empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub completions: Vec<CompletionRule>,
 }
 
-/// A batch of lease items: the body of `complete`, `extend`, `fail` and `poison`.
+/// A batch of lease items: the body of `complete`, `extend`, `release`, `fail` and
+/// `poison`.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Batch<T> {
@@ -91,12 +97,26 @@ pub struct CompleteItem {
     /// inline fact, as in `precedent insert`.
     #[serde(default)]
     pub facts: Vec<Box<RawValue>>,
+    /// A fact stored with them only when none of them completes the input under any of
+    /// the queue's completion rules (prefixes and inline predecessors resolved), as the
+    /// local worker adds its own completing fact. Not sent when absent, so that a hub
+    /// that predates the field accepts every other completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otherwise: Option<Box<RawValue>>,
 }
 
 /// One lease to extend.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExtendItem {
+    /// The lease id.
+    pub lease: String,
+}
+
+/// One lease to give back unstarted, its attempt not counted.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseItem {
     /// The lease id.
     pub lease: String,
 }

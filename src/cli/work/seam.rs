@@ -24,7 +24,8 @@ pub(in crate::cli) struct Effect {
 
 impl Effect {
     /// Whether this fact completes `input` under the rule `(type_name, role)`, naming it
-    /// by its full hash.
+    /// by its full hash (as the facts are read, before prefixes and inline predecessors
+    /// are resolved: what a worker can tell of a hub that does not resolve them for it).
     pub(in crate::cli) fn completes(&self, input: &Fact, type_name: &str, role: &str) -> bool {
         let hash = input.hash();
         self.spec.type_name == type_name
@@ -113,8 +114,8 @@ pub(in crate::cli) trait WorkQueue {
         retry_after_ms: Option<i64>,
     ) -> anyhow::Result<Failed>;
 
-    /// Gives an unstarted lease back, uncounted, where the queue can (a hub cannot: the
-    /// lease is left to end).
+    /// Gives an unstarted lease back, uncounted (a hub that predates its `release`
+    /// endpoint leaves the lease to end, the attempt counted).
     fn release(&self, lease: Self::Lease);
 }
 
@@ -239,14 +240,7 @@ fn store_output(
             })?;
         facts.extend(resolved);
     }
-    let completes = facts.iter().any(|f| {
-        spec.completions.iter().any(|c| {
-            f.type_name() == c.type_name
-                && f.predecessors()
-                    .get(&c.role)
-                    .is_some_and(|set| set.contains(&input))
-        })
-    });
+    let completes = facts.iter().any(|f| spec.completes(f, &input));
     if !completes {
         // Deterministic per input: a retry after a crash writes the same fact.
         facts.push(lease.completion().field("by", "precedent work").build()?);

@@ -1,6 +1,6 @@
 //! A remote worker's side of a hub's queues (`docs/protocol.md`, "Queues over HTTP"):
-//! claim with a long-poll wait, extend, complete with effects, fail and poison, each a
-//! batch in one request.
+//! claim with a long-poll wait, extend, complete with effects, release, fail and poison,
+//! each a batch in one request.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -31,7 +31,7 @@ use crate::json;
 use crate::queue::Completion;
 use crate::sync::queue_wire::{
     Batch, ClaimAnswer, ClaimRequest, CompleteItem, ExtendItem, FailItem, LeaseResult, PoisonItem,
-    Results,
+    ReleaseItem, Results,
 };
 use crate::sync::wire;
 
@@ -62,6 +62,10 @@ pub struct RemoteLease {
     pub input: Fact,
     /// The queue's first completion rule.
     pub completion: Completion,
+    /// Every completion rule of the queue, the first one first; empty from a hub that
+    /// predates them, which also has no `otherwise` in a completion
+    /// ([`RemoteQueue::complete_json_or`]) and no [`RemoteQueue::release`].
+    pub completions: Vec<Completion>,
 }
 
 impl RemoteLease {
@@ -138,6 +142,12 @@ impl RemoteQueue {
                         type_name: l.completion.type_name,
                         role: l.completion.role,
                     },
+                    completions: (l.completions.into_iter())
+                        .map(|c| Completion {
+                            type_name: c.type_name,
+                            role: c.role,
+                        })
+                        .collect(),
                 })
             })
             .collect()
@@ -167,18 +177,38 @@ impl RemoteQueue {
     /// # Errors
     /// As [`RemoteQueue::complete`]; [`Error::Json`] for a text that is not JSON.
     pub fn complete_json(&self, items: &[(&str, Vec<String>)]) -> Result<Vec<LeaseResult>> {
+        let items: Vec<(&str, Vec<String>, Option<String>)> = (items.iter())
+            .map(|(id, facts)| (*id, facts.clone(), None))
+            .collect();
+        self.complete_json_or(&items)
+    }
+
+    /// As [`RemoteQueue::complete_json`], each item `(lease, facts, otherwise)` with a
+    /// fact `otherwise` that the hub stores with the facts only when none of them
+    /// completes the input under any of the queue's completion rules, prefixes and
+    /// inline predecessors resolved (as `precedent work` adds its own completing fact).
+    /// Only a hub that lists [`RemoteLease::completions`] accepts an `otherwise`; an
+    /// older one refuses the request with 400.
+    ///
+    /// # Errors
+    /// As [`RemoteQueue::complete_json`].
+    pub fn complete_json_or(
+        &self,
+        items: &[(&str, Vec<String>, Option<String>)],
+    ) -> Result<Vec<LeaseResult>> {
+        let raw = |id: &str, f: &String| {
+            RawValue::from_string(f.clone()).map_err(|e| Error::Json {
+                reason: format!("a fact of lease {id}: {e}"),
+            })
+        };
         let mut leases = Vec::with_capacity(items.len());
-        for (id, facts) in items {
-            let facts = facts
-                .iter()
-                .map(|f| RawValue::from_string(f.clone()))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| Error::Json {
-                    reason: format!("a fact of lease {id}: {e}"),
-                })?;
+        for (id, facts, otherwise) in items {
+            let facts = (facts.iter()).map(|f| raw(id, f)).collect::<Result<_>>()?;
+            let otherwise = otherwise.as_ref().map(|f| raw(id, f)).transpose()?;
             leases.push(CompleteItem {
                 lease: id.to_string(),
                 facts,
+                otherwise,
             });
         }
         self.batch("complete", leases)
@@ -194,6 +224,19 @@ impl RemoteQueue {
             lease: id.to_string(),
         });
         self.batch("extend", leases.collect())
+    }
+
+    /// Gives leases back unstarted, their attempts not counted, as
+    /// [`crate::Store::release`]: each input is offered again at once. Each result is `ok`
+    /// or `lease_lost`. A hub that predates the endpoint answers 404 `not_found`.
+    ///
+    /// # Errors
+    /// As [`RemoteQueue::complete`].
+    pub fn release(&self, ids: &[&str]) -> Result<Vec<LeaseResult>> {
+        let leases = ids.iter().map(|id| ReleaseItem {
+            lease: id.to_string(),
+        });
+        self.batch("release", leases.collect())
     }
 
     /// Records failed attempts, `(lease, reason)`: retried after the queue's backoff until

@@ -4,9 +4,12 @@
 //! Each action is the library's own call on the served store: `claim` is
 //! [`Store::claim`] (with a long-poll wait, woken by the store's wake seam), `complete`
 //! is [`Store::complete_batch`] with the worker's facts stored by each lease's handler, so
-//! a completion and its effects commit together or not at all, exactly as locally;
-//! `extend` is [`Store::extend`], `fail` and `poison` are [`crate::store::Writer::fail`]
-//! for the whole batch in one transaction.
+//! a completion and its effects commit together or not at all, exactly as locally (a
+//! completing fact of the worker's own, `otherwise`, is added only when none of its
+//! facts completes the input under any of the queue's rules, as the local worker does);
+//! `extend` is [`Store::extend`], `release` is [`crate::store::Writer::release`] and
+//! `fail` and `poison` are [`crate::store::Writer::fail`], each for the whole batch in one
+//! transaction.
 //!
 //! A lease id is stateless: the item's queue id, input seq and lease token, and a MAC of
 //! them keyed by the bearer token that claimed it (`LeaseKey`). So it survives a server
@@ -35,12 +38,12 @@ use crate::store::Store;
 use crate::sync::auth::Access;
 use crate::sync::queue_wire::{
     Batch, ClaimAnswer, ClaimRequest, CompleteItem, CompletionRule, ExtendItem, FailItem,
-    LeaseBody, LeaseResult, MAX_CLAIM, MAX_CLAIM_WAIT_MS, PoisonItem, Results,
+    LeaseBody, LeaseResult, MAX_CLAIM, MAX_CLAIM_WAIT_MS, PoisonItem, ReleaseItem, Results,
 };
 use crate::sync::wire;
 
 /// The actions, in the order the 404 for an unknown one lists them.
-const ACTIONS: [&str; 5] = ["claim", "complete", "extend", "fail", "poison"];
+const ACTIONS: [&str; 6] = ["claim", "complete", "extend", "release", "fail", "poison"];
 
 pub(super) async fn action(
     State(app): State<Arc<App>>,
@@ -65,6 +68,7 @@ pub(super) async fn action(
         "claim" => return claim(app, queue, key, &bytes).await,
         "complete" => complete(&app, queue, &key, &bytes).await?,
         "extend" => extend(&app, queue, &key, &bytes).await?,
+        "release" => release(&app, queue, &key, &bytes).await?,
         "fail" => {
             let b: Batch<FailItem> = parse(&bytes, "fail", FAIL_SHAPE)?;
             let items = b.leases.into_iter().map(|i| {
@@ -91,8 +95,10 @@ pub(super) async fn action(
 }
 
 const CLAIM_SHAPE: &str = r#"{"n": N, "wait_ms": MS}"#;
-const COMPLETE_SHAPE: &str = r#"{"leases": [{"lease": ID, "facts": [FACT, ...]}, ...]}"#;
+const COMPLETE_SHAPE: &str =
+    r#"{"leases": [{"lease": ID, "facts": [FACT, ...], "otherwise": FACT}, ...]}"#;
 const EXTEND_SHAPE: &str = r#"{"leases": [{"lease": ID}, ...]}"#;
+const RELEASE_SHAPE: &str = r#"{"leases": [{"lease": ID}, ...]}"#;
 const FAIL_SHAPE: &str = r#"{"leases": [{"lease": ID, "reason": TEXT, "permanent": BOOL, "retry_after_ms": MS, "timed_out": BOOL}, ...]}"#;
 const POISON_SHAPE: &str = r#"{"leases": [{"lease": ID, "reason": TEXT}, ...]}"#;
 
@@ -200,20 +206,20 @@ async fn claim(
     let queue = Arc::new(queue);
     loop {
         let (q, n) = (queue.clone(), req.n as usize);
-        let (leases, mark, lease_ms, rule) = app
+        let (leases, mark, lease_ms, rules) = app
             .with_store(move |s| {
                 // Taken before the claim: a release after it wakes the wait below.
                 let mark = s.wake_mark();
                 let spec = s.queue(&q)?;
                 let leases = s.claim(&q, n)?;
-                Ok((leases, mark, spec.lease_ms, spec.completions[0].clone()))
+                Ok((leases, mark, spec.lease_ms, spec.completions))
             })
             .await?;
         let now = Instant::now();
         if !leases.is_empty() || now >= deadline || *shutdown.borrow() {
             let leases = leases
                 .iter()
-                .map(|l| lease_body(&key, l, lease_ms, &rule))
+                .map(|l| lease_body(&key, l, lease_ms, &rules))
                 .collect();
             return Ok(json_response(&ClaimAnswer { leases }));
         }
@@ -229,8 +235,12 @@ async fn claim(
     }
 }
 
-fn lease_body(key: &LeaseKey, l: &Lease, lease_ms: i64, rule: &Completion) -> LeaseBody {
+fn lease_body(key: &LeaseKey, l: &Lease, lease_ms: i64, rules: &[Completion]) -> LeaseBody {
     let input = json::to_json(&l.input).to_string();
+    let wire = |c: &Completion| CompletionRule {
+        type_name: c.type_name.clone(),
+        role: c.role.clone(),
+    };
     LeaseBody {
         lease: key.id(&l.queue, l.parts()),
         queue: l.queue.clone(),
@@ -238,10 +248,8 @@ fn lease_body(key: &LeaseKey, l: &Lease, lease_ms: i64, rule: &Completion) -> Le
         expires_at_ms: l.expires_at_ms,
         lease_ms,
         input: RawValue::from_string(input).expect("the JSON form is JSON"),
-        completion: CompletionRule {
-            type_name: rule.type_name.clone(),
-            role: rule.role.clone(),
-        },
+        completion: wire(&rules[0]),
+        completions: rules.iter().map(wire).collect(),
     }
 }
 
@@ -317,16 +325,21 @@ async fn complete(
     let ids: Vec<String> = batch.leases.iter().map(|i| i.lease.clone()).collect();
     let parts = open_all(app, &queue, key, ids.iter().map(String::as_str))?;
     let mut specs = Vec::with_capacity(batch.leases.len());
+    let mut otherwise = Vec::with_capacity(batch.leases.len());
     let mut total = 0u64;
     for (i, item) in batch.leases.iter().enumerate() {
         specs.push(fact_specs(i, &item.facts)?);
-        total += item.facts.len() as u64;
+        let own = item.otherwise.as_ref();
+        let path = format!("leases[{i}].otherwise");
+        otherwise.push(own.map(|raw| fact_spec(raw, &path)).transpose()?);
+        total += item.facts.len() as u64 + u64::from(own.is_some());
     }
     let max = app.limits.max_facts_per_request;
     if total > max {
         return Err(too_many(total, max, "facts"));
     }
     app.with_store(move |s| {
+        let spec = s.queue(&queue)?;
         let leases = rebuild(s, &queue, &parts)?;
         let mut results: Vec<Option<LeaseResult>> = vec![None; ids.len()];
         let mut present = Vec::with_capacity(leases.len());
@@ -343,9 +356,18 @@ async fn complete(
         let mut stored = vec![0u64; ids.len()];
         let done = s.complete_batch(&present, |w, lease| {
             let i = at[&lease.parts().1];
+            let input = lease.input.hash();
             stored[i] = 0;
-            for spec in &specs[i] {
-                for fact in json::resolve(spec, &mut |p| w.resolve_prefix(p))? {
+            let mut completes = false;
+            for fact_spec in &specs[i] {
+                for fact in json::resolve(fact_spec, &mut |p| w.resolve_prefix(p))? {
+                    completes |= spec.completes(&fact, &input);
+                    w.insert(&fact)?;
+                    stored[i] += 1;
+                }
+            }
+            if let Some(own) = otherwise[i].as_ref().filter(|_| !completes) {
+                for fact in json::resolve(own, &mut |p| w.resolve_prefix(p))? {
                     w.insert(&fact)?;
                     stored[i] += 1;
                 }
@@ -374,11 +396,15 @@ async fn complete(
 fn fact_specs(i: usize, facts: &[Box<RawValue>]) -> Result<Vec<FactSpec>, Failure> {
     let mut out = Vec::with_capacity(facts.len());
     for (j, raw) in facts.iter().enumerate() {
-        let path = format!("leases[{i}].facts[{j}]");
-        let value = JsonValue::parse(raw.get()).map_err(|e| bad_request(format!("{path}: {e}")))?;
-        out.push(json::spec_from_json(&value, &path).map_err(|e| bad_request(e.to_string()))?);
+        out.push(fact_spec(raw, &format!("leases[{i}].facts[{j}]"))?);
     }
     Ok(out)
+}
+
+/// One fact of a body at `path`, parsed: 400 naming where it is bad.
+fn fact_spec(raw: &RawValue, path: &str) -> Result<FactSpec, Failure> {
+    let value = JsonValue::parse(raw.get()).map_err(|e| bad_request(format!("{path}: {e}")))?;
+    json::spec_from_json(&value, path).map_err(|e| bad_request(e.to_string()))
 }
 
 async fn extend(
@@ -408,6 +434,39 @@ async fn extend(
             });
         }
         Ok(out)
+    })
+    .await
+}
+
+/// Gives the leases of a batch back in one transaction, their attempts not counted, as
+/// [`Store::release`] does.
+async fn release(
+    app: &Arc<App>,
+    queue: String,
+    key: &LeaseKey,
+    bytes: &[u8],
+) -> Result<Vec<LeaseResult>, Failure> {
+    let batch: Batch<ReleaseItem> = parse(bytes, "release", RELEASE_SHAPE)?;
+    let ids: Vec<String> = batch.leases.into_iter().map(|i| i.lease).collect();
+    let parts = open_all(app, &queue, key, ids.iter().map(String::as_str))?;
+    app.with_store(move |s| {
+        let leases = rebuild(s, &queue, &parts)?;
+        s.write(|w| {
+            let mut out = Vec::with_capacity(ids.len());
+            for (id, lease) in ids.iter().zip(&leases) {
+                let Some(lease) = lease else {
+                    out.push(lost(id));
+                    continue;
+                };
+                out.push(match w.release(lease) {
+                    Ok(()) => LeaseResult::ok(id),
+                    // Found before anything was written for this lease.
+                    Err(e @ Error::LeaseLost { .. }) => refusal(id, &e),
+                    Err(e) => return Err(e),
+                });
+            }
+            Ok(out)
+        })
     })
     .await
 }
