@@ -823,6 +823,41 @@ fn a_failed_guess_drops_what_hooks_asked_for_in_it() {
     assert_eq!(s.held_count().unwrap(), 0);
 }
 
+/// When SQLite rolls a whole transaction back under the writer (it may, after an I/O
+/// error, a full disk or an interrupt: here a `ROLLBACK` run through the writer's SQL
+/// stands for it), nothing the writer does afterwards runs outside a transaction: the
+/// write fails, and the facts written after it are not committed one by one.
+#[test]
+fn a_transaction_sqlite_rolled_back_commits_nothing_after_it() {
+    let db = Db::init();
+    let s = db.store();
+    let (a, b) = (fact("A", 1, &[]), fact("B", 2, &[]));
+    let result = s.write(|w| {
+        w.insert(&a)?;
+        let lost = w.savepoint(|w| {
+            w.sql().batch("ROLLBACK")?;
+            Err::<(), _>(Error::InvalidFact {
+                reason: "the handler failed".into(),
+            })
+        });
+        assert!(lost.is_err());
+        // A caller that goes on after the failed savepoint.
+        let _ = w.insert(&b);
+        Ok(())
+    });
+    assert!(
+        s.lookup(&b.hash()).unwrap().is_none(),
+        "committed outside the transaction"
+    );
+    assert!(s.lookup(&a.hash()).unwrap().is_none());
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains("rolled back under it"), "{err}");
+    assert_eq!(s.stats().unwrap().released, 0);
+    // The store goes on working.
+    s.insert(&b).unwrap();
+    assert!(s.verify(|_| {}).unwrap().is_clean());
+}
+
 conformance! {
     fn a_large_batch_counts_what_another_store_released_as_duplicates(b: Backend) {
         use rand::seq::SliceRandom;

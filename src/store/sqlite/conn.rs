@@ -64,8 +64,28 @@ impl<'a, C: Deref<Target = Connection>> Tx<'a, C> {
 
     /// Ends the transaction with `end` (`COMMIT` or `ROLLBACK`).
     pub(crate) fn finish(&mut self, end: &str) -> Result<()> {
+        if end != "ROLLBACK" {
+            self.alive()?;
+        }
         self.conn.prepare_cached(end)?.execute([])?;
         self.open = false;
+        Ok(())
+    }
+
+    /// Fails if SQLite rolled the whole transaction back under it: after an I/O error, a
+    /// full disk or an interrupt it may undo the transaction, not just the statement, and
+    /// leave the connection in autocommit mode, where each statement that followed would
+    /// commit on its own. Checked before every statement and savepoint, so that nothing
+    /// of a transaction is committed but by its `COMMIT`.
+    pub(crate) fn alive(&self) -> Result<()> {
+        if self.open && self.conn.is_autocommit() {
+            return Err(Error::Backend(BackendError::new(
+                BackendErrorKind::Other,
+                "sqlite: the transaction was rolled back under it by an earlier error (an \
+                 I/O error, a full disk or an interrupt); nothing of it was committed"
+                    .to_string(),
+            )));
+        }
         Ok(())
     }
 }
@@ -146,6 +166,7 @@ impl<C: Deref<Target = Connection>> Sql for Tx<'_, C> {
     }
 
     fn execute(&self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
+        self.alive()?;
         Ok(self
             .conn
             .prepare_cached(sql)?
@@ -158,10 +179,12 @@ impl<C: Deref<Target = Connection>> Sql for Tx<'_, C> {
         args: &[Arg<'_>],
         f: &mut dyn FnMut(&Row<'_>) -> Result<()>,
     ) -> Result<()> {
+        self.alive()?;
         query(&self.conn, self.shared, sql, args, f)
     }
 
     fn batch(&self, sql: &str) -> Result<()> {
+        self.alive()?;
         Ok(self.conn.execute_batch(sql)?)
     }
 }

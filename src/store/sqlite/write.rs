@@ -85,6 +85,7 @@ impl ReadTx for SqliteWrite<'_> {
 
 impl WriteTx for SqliteWrite<'_> {
     fn insert(&mut self, fact: &Fact, hooks: &mut HookRunner<'_>) -> Result<InsertOutcome> {
+        self.tx.alive()?;
         SqliteWrite::insert(self, fact, hooks)
     }
 
@@ -93,18 +94,22 @@ impl WriteTx for SqliteWrite<'_> {
         facts: Vec<Fact>,
         hooks: &mut HookRunner<'_>,
     ) -> Result<BatchReport> {
+        self.tx.alive()?;
         SqliteWrite::insert_batch(self, facts, hooks)
     }
 
     fn drop_held(&mut self, hashes: &[FactHash]) -> Result<Vec<FactHash>> {
+        self.tx.alive()?;
         SqliteWrite::drop_held(self, hashes)
     }
 
     fn drop_held_before(&mut self, held_at_ms: i64) -> Result<Vec<FactHash>> {
+        self.tx.alive()?;
         SqliteWrite::drop_held_before(self, held_at_ms)
     }
 
     fn savepoint(&mut self) -> Result<()> {
+        self.tx.alive()?;
         self.tx
             .conn
             .prepare_cached("SAVEPOINT precedent")?
@@ -114,6 +119,7 @@ impl WriteTx for SqliteWrite<'_> {
     }
 
     fn release_savepoint(&mut self) -> Result<()> {
+        self.tx.alive()?;
         self.tx
             .conn
             .prepare_cached("RELEASE precedent")?
@@ -123,6 +129,7 @@ impl WriteTx for SqliteWrite<'_> {
     }
 
     fn rollback_savepoint(&mut self) -> Result<()> {
+        self.tx.alive()?;
         self.c()
             .execute_batch("ROLLBACK TO precedent; RELEASE precedent")?;
         if let Some(held) = self.savepoints.pop() {
@@ -136,6 +143,7 @@ impl WriteTx for SqliteWrite<'_> {
     }
 
     fn assume_released(&mut self, fact: &Fact, seq: i64) -> Result<()> {
+        self.tx.alive()?;
         let type_id = self.type_id(fact.type_name())?;
         self.assumed.insert(fact.hash(), (seq, type_id));
         Ok(())
@@ -146,6 +154,7 @@ impl WriteTx for SqliteWrite<'_> {
     }
 
     fn commit(mut self: Box<Self>) -> Result<()> {
+        self.tx.alive()?;
         if let Some(held) = self.held
             && held != self.held_at_start
         {
