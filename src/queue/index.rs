@@ -50,6 +50,7 @@ impl ReleaseHook for QueueIndex {
             cache: &cache,
             later: Vec::new(),
             known: ctx.predecessors,
+            replay: false,
         };
         q.queue_on_release(fact, seq, None)?;
         for f in q.later {
@@ -228,10 +229,11 @@ pub(crate) struct NewItems {
     /// Blocks: (queue id, blocker, blocked).
     blocks: Vec<(i64, i64, i64)>,
     /// Inputs with a row in the table completed in this transaction, as (queue id,
-    /// input, when), their rows deleted by one statement too (those that wait for
-    /// another input, or that another waits for, the careful way); and the same as a
-    /// set, so that the walk takes them as finished and a second completion does nothing.
-    ends: Vec<(i64, i64, i64)>,
+    /// input, when, counted: false for a back-fill's replayed completion), their rows
+    /// deleted by one statement too (those that wait for another input, or that another
+    /// waits for, the careful way); and the same as a set, so that the walk takes them as
+    /// finished and a second completion does nothing.
+    ends: Vec<(i64, i64, i64, bool)>,
     ending: HashSet<(i64, i64)>,
 }
 
@@ -328,7 +330,7 @@ fn flush_new(tx: &dyn ReadTx, state: &mut TxState) -> Result<()> {
     if new.ends.is_empty() {
         return Ok(());
     }
-    let pairs: Vec<(i64, i64)> = new.ends.iter().map(|&(q, seq, _)| (q, seq)).collect();
+    let pairs: Vec<(i64, i64)> = new.ends.iter().map(|&(q, seq, _, _)| (q, seq)).collect();
     let pairs = serde_json::to_string(&pairs).expect("integers serialise");
     let gone: HashSet<(i64, i64)> = tx
         .query_vec(
@@ -349,7 +351,7 @@ fn flush_new(tx: &dyn ReadTx, state: &mut TxState) -> Result<()> {
     let left: Vec<(i64, i64)> = new
         .ends
         .iter()
-        .map(|&(q, seq, _)| (q, seq))
+        .map(|&(q, seq, _, _)| (q, seq))
         .filter(|end| !gone.contains(end))
         .collect();
     let mut blockers: HashMap<(i64, i64), i64> = HashMap::new();
@@ -366,14 +368,14 @@ fn flush_new(tx: &dyn ReadTx, state: &mut TxState) -> Result<()> {
             blockers.insert((queue_id, input), b);
         }
     }
-    for (queue_id, seq, now) in new.ends {
+    for (queue_id, seq, now, counted) in new.ends {
         if gone.contains(&(queue_id, seq)) {
-            note_ended(tx, state, now, queue_id, seq, End::Completed)?;
+            note_ended(tx, state, now, (queue_id, seq), End::Completed, counted)?;
         } else if let Some(&b) = blockers.get(&(queue_id, seq)) {
             // An ending before this one may have unblocked it (blockers only go down):
             // the blocks it waited for are then gone, and deleting them again does
             // nothing.
-            end_row(tx, state, now, (queue_id, seq, b), End::Completed)?;
+            end_row(tx, state, now, (queue_id, seq, b), End::Completed, counted)?;
         }
     }
     Ok(())
@@ -435,6 +437,10 @@ pub(crate) struct Ix<'a> {
     /// the lookup (and tells a predecessor not of the input type); the walk for
     /// unfinished ancestor inputs starts from them.
     pub(crate) known: &'a dyn Fn(&FactHash) -> Option<(i64, i64)>,
+    /// The fact is a stored one replayed by a back-fill, not a new release: the inputs it
+    /// ends are not counted (the counters and rates count what happens after the
+    /// declaration, and a re-declaration that back-fills again would count them twice).
+    pub(crate) replay: bool,
 }
 
 /// One declared queue.
@@ -574,6 +580,7 @@ impl Ix<'_> {
         seq: i64,
         only: Option<i64>,
     ) -> Result<()> {
+        self.replay = only.is_some();
         let defs = self.queue_defs()?;
         if defs.queues.is_empty() {
             return Ok(());
@@ -987,7 +994,7 @@ impl Ix<'_> {
                 }
                 let new = &mut self.state.get::<QueueTx>().new;
                 new.ending.insert((q.id, seq));
-                new.ends.push((q.id, seq, self.now));
+                new.ends.push((q.id, seq, self.now, !self.replay));
                 return Ok(());
             }
         }
@@ -1025,7 +1032,15 @@ impl Ix<'_> {
         let Some((seq, blockers)) = item else {
             return Ok(());
         };
-        end_row(self.tx, self.state, self.now, (q.id, seq, blockers), how)
+        let counted = !self.replay;
+        end_row(
+            self.tx,
+            self.state,
+            self.now,
+            (q.id, seq, blockers),
+            how,
+            counted,
+        )
     }
 
     /// Whether the item row of input `seq` of queue `id` may be deleted later, in one
@@ -1073,21 +1088,25 @@ impl Ix<'_> {
 
     /// Notes that `seq` ended in queue `q` (for the handler's check and the counters).
     fn ended(&mut self, q: &QueueDef, seq: i64, how: End) -> Result<()> {
-        note_ended(self.tx, self.state, self.now, q.id, seq, how)
+        let counted = !self.replay;
+        note_ended(self.tx, self.state, self.now, (q.id, seq), how, counted)
     }
 }
 
-/// Notes that `seq` ended in queue `queue_id` at `now` (for the handler's check and the
-/// counters).
+/// Notes that `seq` ended in queue `queue_id` at `now` (for the handler's check and, if
+/// `counted`, the counters and rates; a back-fill's replayed ending is not counted).
 fn note_ended(
     tx: &dyn ReadTx,
     state: &mut TxState,
     now: i64,
-    queue_id: i64,
-    seq: i64,
+    (queue_id, seq): (i64, i64),
     how: End,
+    counted: bool,
 ) -> Result<()> {
     state.get::<QueueTx>().ended.push((queue_id, seq));
+    if !counted {
+        return Ok(());
+    }
     match how {
         End::Completed => bump_rate(state, now, queue_id, "completed"),
         End::Discarded => {
@@ -1116,13 +1135,14 @@ fn item_row(tx: &dyn ReadTx, queue_id: i64, seq: i64) -> Result<Option<i64>> {
 
 /// Ends input `seq` of queue `queue_id` at `now`, whose item row is there with
 /// `blockers`: deletes the row and the blocks it waits for, and unblocks the inputs that
-/// waited for it.
+/// waited for it. The ending is counted if `counted` (see [`note_ended`]).
 fn end_row(
     tx: &dyn ReadTx,
     state: &mut TxState,
     now: i64,
     (queue_id, seq, blockers): (i64, i64, i64),
     how: End,
+    counted: bool,
 ) -> Result<()> {
     tx.execute(
         "DELETE FROM queue_item WHERE queue_id = ?1 AND input = ?2",
@@ -1163,7 +1183,7 @@ fn end_row(
             args![queue_id, blocked, now],
         )?;
     }
-    note_ended(tx, state, now, queue_id, seq, how)
+    note_ended(tx, state, now, (queue_id, seq), how, counted)
 }
 
 /// Counts a completion or failure for the per-minute rates. Kept in memory and written

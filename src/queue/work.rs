@@ -69,6 +69,7 @@ fn with_index_known<T>(
         cache: &cache,
         later: Vec::new(),
         known,
+        replay: false,
     };
     let value = f(&mut ix)?;
     for fact in std::mem::take(&mut ix.later) {
