@@ -322,8 +322,9 @@ fn a_queue_declared_between_a_claim_and_its_completion_gets_the_completion() {
     );
 }
 
-/// On PostgreSQL a claim of an at-most-once queue with a limit takes the write lock (for
-/// its delivery fact) before it locks the queue's row (to count its leases), as a
+/// On PostgreSQL a claim of an at-most-once queue with a limit (a rate: a live-lease
+/// limit is refused on such a queue) takes the write lock (for its delivery fact) before
+/// it locks the queue's row (to charge its window), as a
 /// completion holding the write lock updates that row at its commit: in the other order
 /// the two waited for each other until PostgreSQL aborted one as a deadlock.
 #[test]
@@ -341,7 +342,10 @@ fn a_limited_at_most_once_claim_beside_a_completion_does_not_deadlock() {
         }],
     );
     spec.semantics = Semantics::AtMostOnce;
-    spec.max_leased = Some(100);
+    spec.rate = Some(precedent::queue::RateLimit {
+        count: 100,
+        per_ms: 60_000,
+    });
     completer.declare_queue(&spec).unwrap();
     completer
         .insert_batch(vec![plain_order(1), plain_order(2)])

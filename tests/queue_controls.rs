@@ -426,3 +426,34 @@ conformance! {
         }
     }
 }
+
+conformance! {
+    fn max_leased_is_refused_on_an_at_most_once_queue(b: Backend) {
+        let clock = ManualClock::starting_at(T0);
+        let s = store_with(b, &clock);
+        let mut q = spec();
+        q.semantics = Semantics::AtMostOnce;
+        q.max_leased = Some(1);
+        // Its inputs end when they are handed out: a limit on live leases would count
+        // none, and let any number of handlers run at once.
+        let err = s.declare_queue(&q).unwrap_err();
+        assert!(
+            matches!(&err, Error::Queue { reason, .. } if reason.contains("at-most-once")),
+            "{err:?}"
+        );
+        assert!(matches!(
+            s.queue_stats("ship"),
+            Err(Error::UnknownQueue { .. })
+        ));
+        // A rate limit paces it, and an at-least-once queue takes the limit.
+        q.max_leased = None;
+        q.rate = Some(RateLimit { count: 1, per_ms: 1000 });
+        s.declare_queue(&q).unwrap();
+        s.insert_batch(vec![order(1), order(2)]).unwrap();
+        assert_eq!(s.claim("ship", 2).unwrap().len(), 1);
+        let mut q = spec();
+        q.name = "limited".into();
+        q.max_leased = Some(1);
+        s.declare_queue(&q).unwrap();
+    }
+}

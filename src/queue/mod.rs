@@ -323,6 +323,16 @@ impl QueueSpec {
         if self.max_leased == Some(0) {
             return Err("max leased must be at least 1".into());
         }
+        if self.max_leased.is_some() && self.semantics == Semantics::AtMostOnce {
+            // An at-most-once input ends when it is handed out (its delivery fact is
+            // written in the claim's transaction), so no live lease is left to count:
+            // the limit would let any number of handlers run at once.
+            return Err(
+                "max leased cannot limit an at-most-once queue: its inputs end when they are \
+                 handed out, so no lease is left to count (a rate limit can pace it)"
+                    .into(),
+            );
+        }
         if self.rate.is_some_and(|r| r.count == 0 || r.per_ms <= 0) {
             return Err("a rate limit needs at least 1 per a positive period".into());
         }
