@@ -68,8 +68,22 @@ fn err(path: &str, reason: impl std::fmt::Display) -> Error {
 /// # Errors
 /// [`Error::Json`] naming the JSON path of the first problem.
 pub fn parse(text: &str) -> Result<FactSpec> {
-    let json = JsonValue::parse(text).map_err(|e| err("", e))?;
+    let json = JsonValue::parse(text).map_err(|e| err("", position_in(text, &e)))?;
     spec_from_json(&json, "")
+}
+
+/// serde_json's message for `e`, its position as a column only when `text` is one line
+/// (a JSON Lines record, whose line number the caller gives: "line 1" would contradict it).
+fn position_in(text: &str, e: &serde_json::Error) -> String {
+    let message = e.to_string();
+    if e.line() != 1 || text.trim_end().contains('\n') {
+        return message;
+    }
+    let at = format!(" at line 1 column {}", e.column());
+    match message.strip_suffix(&at) {
+        Some(reason) => format!("{reason} at column {}", e.column()),
+        None => message,
+    }
 }
 
 /// Converts a parsed JSON value into a [`FactSpec`]; `path` prefixes error messages.
@@ -503,6 +517,38 @@ mod tests {
         for (text, want) in cases {
             match parse_standalone(text) {
                 Err(Error::Json { reason }) => assert!(reason.contains(want), "{text}: {reason}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    /// A problem inside a value is placed by its path, not by a position counted from the
+    /// start of that value; a one-line text's syntax error gives its column alone.
+    #[test]
+    fn errors_name_where_they_are_in_the_whole_text() {
+        let cases = [
+            (
+                "{\"type\":\"A\",\n\"fields\":{\n\"s\":\"\\ud800\"}}",
+                "in fields.s",
+                "line 1",
+            ),
+            (
+                r#"{"type":"A","fields":{"\ud800x":1}}"#,
+                "in fields",
+                "line 1",
+            ),
+            (
+                r#"{"type":"A","fields":{"a":[1,2,}}"#,
+                "at column 32",
+                "line",
+            ),
+        ];
+        for (text, want, not) in cases {
+            match parse(text) {
+                Err(Error::Json { reason }) => {
+                    assert!(reason.contains(want), "{text}: {reason}");
+                    assert!(!reason.contains(not), "{text}: {reason}");
+                }
                 other => panic!("{text}: {other:?}"),
             }
         }

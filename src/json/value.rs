@@ -197,6 +197,16 @@ impl fmt::Display for Place<'_> {
     }
 }
 
+/// An error from reading one raw value again on its own: serde_json's position counts
+/// from the start of that value, not of the text, so it is dropped and the place named
+/// instead (the text's own position follows, from the parse of the whole).
+fn within(e: serde_json::Error, at: &Place<'_>) -> serde_json::Error {
+    let text = e.to_string();
+    let position = format!(" at line {} column {}", e.line(), e.column());
+    let reason = text.strip_suffix(&position).unwrap_or(&text);
+    serde::de::Error::custom(format!("{reason} in {at}"))
+}
+
 /// Builds the tree under one raw value found at `at`, at nesting level `depth`. Each
 /// object and array is read once more for its members, which is cheap at the nesting
 /// depths facts allow.
@@ -207,7 +217,7 @@ fn from_raw(raw: &RawValue, at: &Place<'_>, depth: usize) -> serde_json::Result<
     }
     Ok(match text.as_bytes().first() {
         Some(b'{') => {
-            let Entries(raw_entries) = serde_json::from_str(text)?;
+            let Entries(raw_entries) = serde_json::from_str(text).map_err(|e| within(e, at))?;
             check_unique(&raw_entries, at)?;
             let mut out = Vec::with_capacity(raw_entries.len());
             for (k, v) in raw_entries {
@@ -217,16 +227,16 @@ fn from_raw(raw: &RawValue, at: &Place<'_>, depth: usize) -> serde_json::Result<
             JsonValue::Object(out)
         }
         Some(b'[') => {
-            let items: Vec<&RawValue> = serde_json::from_str(text)?;
+            let items: Vec<&RawValue> = serde_json::from_str(text).map_err(|e| within(e, at))?;
             let mut out = Vec::with_capacity(items.len());
             for (i, v) in items.into_iter().enumerate() {
                 out.push(from_raw(v, &Place::Index(at, i), depth + 1)?);
             }
             JsonValue::Array(out)
         }
-        Some(b'"') => JsonValue::String(serde_json::from_str(text)?),
+        Some(b'"') => JsonValue::String(serde_json::from_str(text).map_err(|e| within(e, at))?),
         Some(b'-' | b'0'..=b'9') => JsonValue::Number(JsonNumber(text.to_string())),
-        _ => match serde_json::from_str(text)? {
+        _ => match serde_json::from_str(text).map_err(|e| within(e, at))? {
             serde_json::Value::Bool(b) => JsonValue::Bool(b),
             _ => JsonValue::Null,
         },
