@@ -931,3 +931,27 @@ conformance! {
         }
     }
 }
+
+conformance! {
+    /// A limited watch that filled its `n` results by polls does not report a result that
+    /// sorts after them: no addition and removal of it in one poll.
+    fn a_full_limited_watch_does_not_report_a_result_past_its_last(b: Backend) {
+        let store = b.store();
+        let q = Query::parse("match o: Order order by o.n limit 1 select o.n").unwrap();
+        let mut watch = store.watch(&q, &Givens::new()).unwrap();
+        assert!(watch.poll(&store).unwrap().is_empty());
+        let order = |n: i64| Fact::builder("Order").field("n", n).build().unwrap();
+        store.insert(&order(1)).unwrap();
+        let changes = watch.poll(&store).unwrap();
+        assert!(matches!(changes.as_slice(), [Change::Added(_)]), "{changes:?}");
+        store.insert(&order(2)).unwrap();
+        let changes = watch.poll(&store).unwrap();
+        assert!(changes.is_empty(), "{changes:?}");
+        // One that sorts first still takes the place.
+        store.insert(&order(0)).unwrap();
+        let changes = watch.poll(&store).unwrap();
+        assert_eq!(changes.len(), 2, "{changes:?}");
+        let got: Vec<i64> = watch.results().iter().map(|r| r.value_as::<i64>().unwrap()).collect();
+        assert_eq!(got, vec![0]);
+    }
+}

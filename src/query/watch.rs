@@ -583,10 +583,18 @@ impl Watch {
             changes.push(Change::Added(row));
             return;
         };
-        if !self.complete {
-            match self.last() {
-                Some(last) if row.cmp_in(last, &self.query).is_lt() => {}
-                _ => return,
+        // With others left out, or no room left, it is taken only if it sorts before the
+        // last kept; one that sorts after is left out (and the results are no longer all).
+        let full = self.results.len() as u64 >= n;
+        if !self.complete || full {
+            let before_last = self
+                .last()
+                .is_some_and(|last| row.cmp_in(last, &self.query).is_lt());
+            if !before_last {
+                if full {
+                    self.complete = false;
+                }
+                return;
             }
         }
         self.put(row.clone());
