@@ -576,3 +576,19 @@ fn init_prints_the_path_and_honours_the_environment() {
         db.path.canonicalize().unwrap()
     );
 }
+
+/// `--help` does not print `PRECEDENT_DB`'s value, which may hold a password.
+#[test]
+fn help_does_not_show_the_database_url() {
+    for args in [&["--help"][..], &["serve", "--help"]] {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("PRECEDENT_DB", "postgres://app:hunter2@db.example/hub")
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("PRECEDENT_DB"), "{text}");
+        assert!(!text.contains("hunter2"), "{args:?}: {text}");
+    }
+}

@@ -17,6 +17,7 @@ pub struct Cli {
         long,
         global = true,
         env = "PRECEDENT_DB",
+        hide_env_values = true,
         default_value = "./precedent.db",
         value_name = "PATH"
     )]

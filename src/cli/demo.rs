@@ -145,7 +145,7 @@ pub fn demo(g: &Global) -> anyhow::Result<Status> {
         cast.facts.len()
     );
     say!("the work of a queue, a watch, and a sync with a second database.");
-    say!("database: {}", g.db.display());
+    say!("database: {}", g.shown_db());
     say!();
     say!("Every fact names its predecessors by hash: an order names its shop and customer,");
     say!("an item its order, a shipment its order and items, a delivery its shipment.");

@@ -65,19 +65,28 @@ pub fn shown_path(path: &Path) -> String {
     let mut out = text.into_owned();
     if let Some(scheme) = out.find("://") {
         let rest = scheme + 3;
-        let end = out[rest..].find(['/', '?']).map_or(out.len(), |n| rest + n);
-        if let Some(at) = out[rest..end].rfind('@')
+        if let Some(at) = url_userinfo(&out[rest..])
             && let Some(colon) = out[rest..rest + at].find(':')
         {
             out.replace_range(rest + colon + 1..rest + at, "***");
         }
     }
-    if let Some(p) = out.find("password=") {
-        let start = p + "password=".len();
+    // Every `password=` in the query, `sslpassword=` among them.
+    let mut from = 0;
+    while let Some(p) = out[from..].find("password=") {
+        let start = from + p + "password=".len();
         let end = out[start..].find('&').map_or(out.len(), |n| start + n);
         out.replace_range(start..end, "***");
+        from = start + "***".len();
     }
     out
+}
+
+/// The length of a PostgreSQL URL's credentials (`USER[:PASSWORD]`), given the text after
+/// its `://`: up to the first `@`, as the driver reads it, so that a password holding a
+/// `?` or a `/` is taken whole; `None` without credentials.
+pub(crate) fn url_userinfo(rest: &str) -> Option<usize> {
+    rest.find('@')
 }
 
 /// Whether a store path names a PostgreSQL database: its text starts with `postgres://`

@@ -227,6 +227,17 @@ mod tests {
             "postgres://u:***@h:5/db"
         );
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        // A password with a `/` or a `?`, which the driver takes whole up to the `@`.
+        assert_eq!(redact("postgres://u:a/b@h/d"), "postgres://u:***@h/d");
+        assert_eq!(
+            redact("postgres://u:p?w@h/d?sslmode=require"),
+            "postgres://u:***@h/d?sslmode=require"
+        );
+        // Every password in the query.
+        assert_eq!(
+            redact("postgres://h/d?sslpassword=x&password=secret"),
+            "postgres://h/d?sslpassword=***&password=***"
+        );
         assert_eq!(
             redact("postgresql://h/db?user=u&password=x&sslmode=disable"),
             "postgresql://h/db?user=u&password=***&sslmode=disable"

@@ -88,12 +88,12 @@ pub(crate) fn port_in_url(url: &str, env: Env<'_>) -> Result<String, String> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Ok(url.to_string());
     };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (userinfo, hosts) = match authority.rfind('@') {
-        Some(i) => authority.split_at(i + 1),
-        None => ("", authority),
+    let (userinfo, rest) = match crate::store::url_userinfo(rest) {
+        Some(at) => rest.split_at(at + 1),
+        None => ("", rest),
     };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (hosts, tail) = rest.split_at(end);
     let query = tail.split_once('?').map_or("", |(_, q)| q);
     let port_param = query.split('&').any(|p| p.starts_with("port="));
     let chunks: Vec<&str> = hosts.split(',').collect();
@@ -340,6 +340,22 @@ mod tests {
         let mut c = config(&port_in_url(url, env)?);
         let password = complete(&mut c, env)?;
         Ok((c, password))
+    }
+
+    /// `PGPORT` goes after the hosts, not into a password holding a `/` or a `?`.
+    #[test]
+    fn the_port_goes_after_the_hosts_whatever_the_password() {
+        let vars = [("PGPORT", "6543")];
+        for url in ["postgres://u:a/b@h/d", "postgres://u:p?w@h/d"] {
+            let (c, _) = opened(url, &env(&vars)).unwrap();
+            assert_eq!(c.get_ports(), [6543], "{url}");
+            assert_eq!(
+                c.get_hosts(),
+                [postgres::config::Host::Tcp("h".into())],
+                "{url}"
+            );
+            assert_eq!(c.get_dbname(), Some("d"), "{url}");
+        }
     }
 
     fn pass_file(dir: &Path, text: &str, mode: u32) -> PathBuf {

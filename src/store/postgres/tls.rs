@@ -78,10 +78,22 @@ const VARS: [&str; 4] = ["PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY"];
 /// A one-line reason for a bad `sslmode`, a parameter given twice, or a key without a
 /// certificate.
 pub(crate) fn split(url: &str, env: Env<'_>) -> Result<(String, Settings), String> {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, q),
+    // The query starts at the first `?` after the credentials, which may hold one.
+    let after_userinfo = url.find("://").map_or(0, |s| {
+        s + 3 + crate::store::url_userinfo(&url[s + 3..]).map_or(0, |at| at + 1)
+    });
+    let (base, query) = match url[after_userinfo..].find('?') {
+        Some(q) => (&url[..after_userinfo + q], &url[after_userinfo + q + 1..]),
         None => (url, ""),
     };
+    // A TLS parameter anywhere else (a password with a raw `&` or `=` in it) would reach
+    // the driver, whose mode this one overrides: refused rather than weakened.
+    if let Some(k) = OURS.iter().find(|k| base.contains(&format!("{k}="))) {
+        return Err(format!(
+            "{k} is outside the url's query; percent-encode special characters in the \
+             user and password"
+        ));
+    }
     let mut kept = Vec::new();
     let mut found: [Option<String>; 4] = Default::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -321,6 +333,27 @@ impl ServerCertVerifier for AnyName {
 mod tests {
     use super::super::libpq::test_env as env;
     use super::*;
+
+    /// A password may hold a `?` (libpq and the driver take the credentials up to the
+    /// `@`): the query is the one after them, and its `sslmode` is kept. A TLS parameter
+    /// the query does not hold (a raw `&` in a password) is refused, never dropped.
+    #[test]
+    fn the_query_starts_after_the_credentials() {
+        let (url, s) = split("postgres://u:p?w@h/d?sslmode=require", &env(&[])).unwrap();
+        assert_eq!(
+            (url.as_str(), s.mode),
+            ("postgres://u:p?w@h/d", Mode::Require)
+        );
+        let (url, s) = split("postgres://u:a/b@h/d?sslmode=verify-full", &env(&[])).unwrap();
+        assert_eq!(
+            (url.as_str(), s.mode),
+            ("postgres://u:a/b@h/d", Mode::VerifyFull)
+        );
+        let (url, s) = split("postgres://h/d?sslmode=require", &env(&[])).unwrap();
+        assert_eq!((url.as_str(), s.mode), ("postgres://h/d", Mode::Require));
+        let err = split("postgres://u:x&sslmode=disable@h/d", &env(&[])).unwrap_err();
+        assert!(err.contains("sslmode is outside the url's query"), "{err}");
+    }
 
     #[test]
     fn what_the_url_leaves_out_comes_from_libpqs_variables() {
