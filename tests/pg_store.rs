@@ -380,6 +380,51 @@ fn migrations_stamp_the_version_and_refuse_a_newer_database() {
     }
 }
 
+/// Two processes opening an empty database at once migrate it once, whatever the
+/// database's default isolation: the one that waited for the other's migration sees it.
+#[test]
+fn two_opens_at_once_migrate_once_under_repeatable_read() {
+    let Some(db) = pg::db() else { return };
+    db.psql(&format!(
+        "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
+        db.name
+    ));
+    // Both opens wait behind a migration lock held here, then go at once.
+    let mut holder = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&0x7072_6563_6d69_6772_i64])
+        .unwrap();
+    let opens: Vec<_> = (0..2)
+        .map(|_| {
+            let url = db.url.clone();
+            std::thread::spawn(move || Store::open_with(&url, StoreOptions::default()).map(|_| ()))
+        })
+        .collect();
+    let until = Instant::now() + Duration::from_secs(30);
+    while db.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        != "2"
+    {
+        assert!(
+            Instant::now() < until,
+            "the opens never waited for the lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    holder
+        .execute(
+            "SELECT pg_advisory_unlock($1)",
+            &[&0x7072_6563_6d69_6772_i64],
+        )
+        .unwrap();
+    for open in opens {
+        open.join().unwrap().unwrap();
+    }
+    assert_eq!(
+        db.psql("SELECT max(version) FROM schema_version"),
+        PG_SCHEMA_VERSION.to_string()
+    );
+}
+
 #[test]
 fn a_server_that_is_down_says_so() {
     if pg::cluster().is_none() {

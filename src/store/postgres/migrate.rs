@@ -64,7 +64,14 @@ pub(super) fn migrate(client: &mut Client, url: &str, read_only: bool) -> Result
     if !crate::store::shared::needs_migration(found, PG_SCHEMA_VERSION, read_only, url.as_ref())? {
         return Ok(());
     }
-    let mut tx = client.transaction().map_err(backend)?;
+    // READ COMMITTED whatever the database's default, so that the version read again
+    // under the lock sees a migration another process committed while this one waited
+    // (under REPEATABLE READ the snapshot would be the lock statement's, from before).
+    let mut tx = client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::ReadCommitted)
+        .start()
+        .map_err(backend)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
         .map_err(backend)?;
     // Read again under the lock: another process may have migrated meanwhile.
