@@ -479,6 +479,36 @@ conformance! {
 }
 
 conformance! {
+    /// An edge row whose successor is no fact (a query walking it toward successors would
+    /// answer with a fact that is not stored) is a problem `verify` reports.
+    fn verify_finds_an_edge_whose_successor_is_no_fact(b: Backend) {
+        let db = b.db();
+        let s = db.store();
+        let shop = shop("corner");
+        let order = order(&shop, "id", 1);
+        s.insert_batch(vec![shop.clone(), order.clone()]).unwrap();
+        assert!(s.verify(|_| {}).unwrap().is_clean());
+        drop(s);
+        let hash_column = if b == common::backend::Backend::Postgres { ", successor_hash" } else { "" };
+        let added = db.exec(&format!(
+            "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type{hash_column})
+             SELECT predecessor, role_id, successor_type, 999999, predecessor_type{hash_column} FROM edge"
+        ));
+        assert_eq!(added, 1);
+        let problems: Vec<String> = db
+            .store()
+            .verify(|_| {})
+            .unwrap()
+            .problems
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("seq 999999"), "{problems:?}");
+    }
+}
+
+conformance! {
     fn verify_finds_an_edge_whose_types_are_not_its_facts_types(b: Backend) {
         let db = b.db();
         let s = db.store();

@@ -122,6 +122,15 @@ pub(crate) fn check_edges(
     }
 }
 
+/// `verify`'s problem for `count` edge rows whose successor is no released fact, the
+/// lowest such successor `first`.
+pub(crate) fn orphan_edges(count: i64, first: Option<i64>) -> String {
+    format!(
+        "{count} edge row(s) name a successor that is no released fact (the first: seq {})",
+        first.unwrap_or_default()
+    )
+}
+
 /// Checks a released fact's type name against its bytes.
 pub(crate) fn check_type(
     report: &mut VerifyReport,

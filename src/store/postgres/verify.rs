@@ -12,7 +12,7 @@ use crate::hash::FactHash;
 use crate::store::VerifyReport;
 use crate::store::backend::ReadTx;
 use crate::store::shared::{
-    EdgeRow, HeldTotals, check_edges, check_held, check_held_totals, check_type,
+    EdgeRow, HeldTotals, check_edges, check_held, check_held_totals, check_type, orphan_edges,
 };
 
 /// Facts checked per statement.
@@ -120,6 +120,17 @@ impl Tx<'_> {
                 None,
                 format!("{count} released facts but the last seq is {last}: numbers have gaps"),
             );
+        }
+        // Edge rows are read from their successor's fact: one whose successor is no fact
+        // is found only here (a query walking it would answer with a fact not stored).
+        let row = self.rows(
+            "SELECT count(*), min(successor) FROM edge e
+             WHERE NOT EXISTS (SELECT 1 FROM fact f WHERE f.seq = e.successor)",
+            &[],
+        )?;
+        let (orphans, first): (i64, Option<i64>) = (row[0].get(0), row[0].get(1));
+        if orphans > 0 {
+            report.problem(None, orphan_edges(orphans, first));
         }
         Ok(())
     }

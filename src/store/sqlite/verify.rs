@@ -12,7 +12,7 @@ use crate::hash::FactHash;
 use crate::store::VerifyReport;
 use crate::store::backend::ReadTx;
 use crate::store::shared::{
-    EdgeRow, HeldTotals, check_edges, check_held, check_held_totals, check_type,
+    EdgeRow, HeldTotals, check_edges, check_held, check_held_totals, check_type, orphan_edges,
 };
 
 impl<C: Deref<Target = Connection>> Tx<'_, C> {
@@ -30,8 +30,24 @@ impl<C: Deref<Target = Connection>> Tx<'_, C> {
         let mut report = VerifyReport::default();
         self.verify_integrity(&mut report)?;
         self.verify_released(&mut report, progress)?;
+        self.verify_orphan_edges(&mut report)?;
         self.verify_held(&mut report)?;
         Ok(report)
+    }
+
+    /// Edge rows are read from their successor's fact: one whose successor is no fact is
+    /// found only here (a query walking it would answer with a fact not stored).
+    fn verify_orphan_edges(&self, report: &mut VerifyReport) -> Result<()> {
+        let (orphans, first): (i64, Option<i64>) = self.conn.query_row(
+            "SELECT count(*), min(successor) FROM edge e
+             WHERE NOT EXISTS (SELECT 1 FROM fact f WHERE f.seq = e.successor)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        if orphans > 0 {
+            report.problem(None, orphan_edges(orphans, first));
+        }
+        Ok(())
     }
 
     fn verify_integrity(&self, report: &mut VerifyReport) -> Result<()> {
