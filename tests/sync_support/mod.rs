@@ -293,6 +293,7 @@ fn read_request(conn: &mut TcpStream) -> String {
 pub struct FaultyProxy {
     addr: SocketAddr,
     duplicated: Arc<AtomicU64>,
+    cuts: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     links: Arc<Links>,
 }
@@ -324,9 +325,11 @@ impl FaultyProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let duplicated = Arc::new(AtomicU64::new(0));
+        let cuts = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let links = Arc::new(Links::default());
         let (dup, stop2, links2) = (duplicated.clone(), stop.clone(), links.clone());
+        let cuts2 = cuts.clone();
         std::thread::spawn(move || {
             let mut rng = Rng(seed | 1);
             for (n, conn) in listener.incoming().enumerate() {
@@ -351,11 +354,16 @@ impl FaultyProxy {
                 let delay = rng.below(4) == 0;
                 let duplicate = rng.below(2) == 0;
                 let seed = rng.next();
-                let (dup, links) = (dup.clone(), links2.clone());
+                let (dup, links, cuts) = (dup.clone(), links2.clone(), cuts2.clone());
                 std::thread::spawn(move || {
-                    relay(
-                        client, server, upstream, cut_up, cut_down, delay, duplicate, seed, &dup,
-                    );
+                    let faults = Faults {
+                        cut_up,
+                        cut_down,
+                        delay,
+                        duplicate,
+                        seed,
+                    };
+                    relay(client, server, upstream, faults, &dup, &cuts);
                     links.open.lock().unwrap().remove(&n);
                 });
             }
@@ -363,6 +371,7 @@ impl FaultyProxy {
         FaultyProxy {
             addr,
             duplicated,
+            cuts,
             stop,
             links,
         }
@@ -388,6 +397,11 @@ impl FaultyProxy {
     pub fn duplicated(&self) -> u64 {
         self.duplicated.load(Ordering::Relaxed)
     }
+
+    /// Streams cut with bytes still to pass: requests or answers that ended early.
+    pub fn cuts(&self) -> u64 {
+        self.cuts.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for FaultyProxy {
@@ -397,23 +411,37 @@ impl Drop for FaultyProxy {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn relay(
-    client: TcpStream,
-    server: TcpStream,
-    upstream: SocketAddr,
+/// The fault plan of one connection of a [`FaultyProxy`].
+struct Faults {
     cut_up: Option<u64>,
     cut_down: Option<u64>,
     delay: bool,
     duplicate: bool,
     seed: u64,
+}
+
+fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    upstream: SocketAddr,
+    f: Faults,
     dup: &AtomicU64,
+    cuts: &Arc<AtomicU64>,
 ) {
     let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-    let up = std::thread::spawn(move || pump(c2, s2, cut_up, false, seed, true));
-    pump(server, client, cut_down, delay, seed ^ 0xFF, false);
+    let (seed, cut_up, cuts2) = (f.seed, f.cut_up, cuts.clone());
+    let up = std::thread::spawn(move || pump(c2, s2, cut_up, false, seed, true, &cuts2));
+    pump(
+        server,
+        client,
+        f.cut_down,
+        f.delay,
+        f.seed ^ 0xFF,
+        false,
+        cuts,
+    );
     let sent = up.join().unwrap_or_default();
-    if duplicate
+    if f.duplicate
         && !sent.is_empty()
         && let Ok(mut again) = TcpStream::connect(upstream)
     {
@@ -428,8 +456,8 @@ fn relay(
     }
 }
 
-/// Copies `from` to `to` until either side closes or `cut` bytes have passed; returns
-/// what was copied when `record` is set.
+/// Copies `from` to `to` until either side closes or `cut` bytes have passed (counted in
+/// `cuts` when bytes were left); returns what was copied when `record` is set.
 fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
@@ -437,6 +465,7 @@ fn pump(
     delay: bool,
     seed: u64,
     record: bool,
+    cuts: &AtomicU64,
 ) -> Vec<u8> {
     let mut rng = Rng(seed | 1);
     let mut seen = Vec::new();
@@ -453,6 +482,7 @@ fn pump(
         {
             n = c - passed;
             let _ = to.write_all(&buf[..n as usize]);
+            cuts.fetch_add(1, Ordering::Relaxed);
             break;
         }
         if delay && rng.below(4) == 0 {
@@ -504,4 +534,92 @@ pub fn tokens() -> Tokens {
         },
     ])
     .unwrap()
+}
+
+/// A TCP proxy that is a slow link: it carries at most `up` bytes a second from the
+/// clients to the server and `down` bytes a second back, over all its connections
+/// together, and otherwise relays faithfully.
+pub struct SlowProxy {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+/// One direction of a [`SlowProxy`]: its rate, and when the link is next free.
+struct Pipe {
+    rate: u64,
+    free_at: std::sync::Mutex<std::time::Instant>,
+}
+
+impl Pipe {
+    fn new(rate: u64) -> Arc<Pipe> {
+        Arc::new(Pipe {
+            rate: rate.max(1),
+            free_at: std::sync::Mutex::new(std::time::Instant::now()),
+        })
+    }
+
+    /// Waits until `n` more bytes have crossed the link.
+    fn carry(&self, n: usize) {
+        let done = {
+            let mut free = self.free_at.lock().unwrap();
+            let start = (*free).max(std::time::Instant::now());
+            *free = start + Duration::from_secs_f64(n as f64 / self.rate as f64);
+            *free
+        };
+        std::thread::sleep(done.saturating_duration_since(std::time::Instant::now()));
+    }
+}
+
+impl SlowProxy {
+    pub fn start(upstream: SocketAddr, up: u64, down: u64) -> SlowProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let (up, down) = (Pipe::new(up), Pipe::new(down));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stop2.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = conn else { continue };
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (up, down) = (up.clone(), down.clone());
+                std::thread::spawn(move || slow_pump(c2, s2, &up));
+                std::thread::spawn(move || slow_pump(server, client, &down));
+            }
+        });
+        SlowProxy { addr, stop }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Copies `from` to `to` at the pace of `pipe`, in small pieces, until either side closes.
+fn slow_pump(mut from: TcpStream, mut to: TcpStream, pipe: &Pipe) {
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        pipe.carry(n);
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
 }

@@ -14,8 +14,11 @@ use crate::error::{Error, Result};
 use crate::hash::FactHash;
 
 mod known;
+mod pace;
 mod queue;
 mod run;
+
+use pace::{Failed, Pace, cut_short};
 
 pub use queue::{RemoteLease, RemoteQueue};
 
@@ -32,6 +35,8 @@ pub struct ClientOptions {
     /// moment receives or sends again at most `batch` facts. Default 20,000.
     pub batch: u64,
     /// Longest wait for a connection, an answer to start, or a body to arrive. Default 60 s.
+    /// A pull page or push request that times out or is cut short is sent again at half its
+    /// size (`docs/protocol.md`, "Requests fitted to the link").
     pub timeout: Duration,
     /// Threads that decode and re-hash pulled pages (`precedent::ingest`), beside the
     /// reader thread that fetches them; 0, the default, is one per core.
@@ -150,6 +155,12 @@ pub struct Client {
     token: Option<String>,
     batch: u64,
     decode_threads: usize,
+    /// [`ClientOptions::timeout`]: a request that takes a quarter of it lets the next one
+    /// of its kind grow.
+    timeout: Duration,
+    /// The request sizes this client's link has shown it can carry in time, kept across
+    /// its syncs.
+    pace: std::sync::Mutex<Pace>,
 }
 
 impl Client {
@@ -194,6 +205,8 @@ impl Client {
             token: options.token,
             batch: options.batch.max(1),
             decode_threads: options.decode_threads,
+            timeout: options.timeout,
+            pace: std::sync::Mutex::new(Pace::default()),
         })
     }
 
@@ -317,7 +330,19 @@ impl Client {
         wait: Duration,
         roots: &[FactHash],
     ) -> Result<PullPage> {
-        let resp = if roots.len() > ROOTS_IN_URL {
+        self.try_pull_page(after, limit, wait, roots)
+            .map_err(|f| f.error)
+    }
+
+    /// [`Client::pull_page`], telling a request cut short by the link from other failures.
+    fn try_pull_page(
+        &self,
+        after: i64,
+        limit: u64,
+        wait: Duration,
+        roots: &[FactHash],
+    ) -> std::result::Result<PullPage, Failed> {
+        let sent = if roots.len() > ROOTS_IN_URL {
             let body = serde_json::to_vec(&PullRequest {
                 after,
                 limit: Some(limit),
@@ -328,7 +353,7 @@ impl Client {
             let req = self
                 .auth(self.agent.post(format!("{}{}", self.base, wire::PATH_PULL)))
                 .header("content-type", wire::JSON);
-            self.check(req.send(&body[..]))?
+            req.send(&body[..])
         } else {
             let mut url = format!(
                 "{}{}?after={after}&limit={limit}",
@@ -341,8 +366,9 @@ impl Client {
             for r in roots {
                 url.push_str(&format!("&root={r}"));
             }
-            self.check(self.auth(self.agent.get(url)).call())?
+            self.auth(self.agent.get(url)).call()
         };
+        let resp = self.check_cut(sent)?;
         let header = |name: &str| -> Result<i64> {
             resp.headers()
                 .get(name)
@@ -355,29 +381,39 @@ impl Client {
         let count = header(wire::HEADER_COUNT)? as u64;
         let store = store_header(resp.headers());
         if count > limit {
-            return Err(self.protocol(format!("page of {count} facts, asked for {limit}")));
+            return Err(self
+                .protocol(format!("page of {count} facts, asked for {limit}"))
+                .into());
         }
+        // From here on, a failure is the body cut short or timed out: the link's doing.
+        let cut = |error: Error| Failed {
+            error,
+            cut: true,
+            announced: Some(count),
+        };
         let mut reader = RecordReader::new(resp.into_body().into_reader());
         let mut records = Vec::with_capacity(count as usize);
-        while let Some(r) = reader.next_record().map_err(|e| self.transport(e))? {
+        while let Some(r) = reader.next_record().map_err(|e| cut(self.transport(e)))? {
             match r {
                 Err(e) if e.truncated => {
-                    return Err(self.transport("stream ended inside a record"));
+                    return Err(cut(self.transport("stream ended inside a record")));
                 }
                 // An oversize record, or an unframeable tail (the reader ends after it).
                 Err(e) => records.push(Err(e)),
                 Ok(rec) => records.push(Ok(rec)),
             }
             if records.len() as u64 > count {
-                return Err(self.protocol(format!("more than the {count} records announced")));
+                return Err(self
+                    .protocol(format!("more than the {count} records announced"))
+                    .into());
             }
         }
         let framing_failed = records.last().is_some_and(|r| r.is_err());
         if records.len() as u64 != count && !framing_failed {
-            return Err(self.transport(format!(
+            return Err(cut(self.transport(format!(
                 "stream ended after {} of {count} records",
                 records.len()
-            )));
+            ))));
         }
         Ok(PullPage {
             through,
@@ -392,18 +428,28 @@ impl Client {
     /// # Errors
     /// [`Error::Transport`], [`Error::Remote`] (401, 403, 413, 429, ...), [`Error::Protocol`].
     pub fn push_records(&self, body: &[u8]) -> Result<PushReport> {
+        self.try_push_records(body).map_err(|f| f.error)
+    }
+
+    /// [`Client::push_records`], telling a request cut short by the link from other
+    /// failures.
+    fn try_push_records(&self, body: &[u8]) -> std::result::Result<PushReport, Failed> {
         let req = self
             .auth(
                 self.agent
                     .post(format!("{}{}", self.base, wire::PATH_FACTS)),
             )
             .header("content-type", wire::CBOR_SEQ);
-        let resp = match self.check(req.send(body)) {
-            Err(Error::Remote {
-                url,
-                status: 403,
-                code,
-                message,
+        let resp = match self.check_cut(req.send(body)) {
+            Err(Failed {
+                error:
+                    Error::Remote {
+                        url,
+                        status: 403,
+                        code,
+                        message,
+                    },
+                ..
             }) if code == "forbidden" => {
                 return Err(Error::Remote {
                     url,
@@ -412,14 +458,33 @@ impl Client {
                     message: format!(
                         "{message}; a token that may only read can still pull (precedent sync --pull)"
                     ),
-                });
+                }
+                .into());
             }
             r => r?,
         };
         let store = store_header(resp.headers());
-        let mut report: PushReport = self.read_json(resp)?;
+        // An answer whose body does not arrive is cut short too (the push may have been
+        // stored: sending it again stores nothing twice).
+        let mut report: PushReport = self.read_json(resp).map_err(|error| {
+            let cut = matches!(error, Error::Transport { .. });
+            Failed::new(error, cut)
+        })?;
         report.store = store;
         Ok(report)
+    }
+
+    /// [`Client::check`], noting whether a failure is the link's: a timeout or a
+    /// connection broken mid-exchange ([`cut_short`]), or the server's 408.
+    fn check_cut(
+        &self,
+        resp: std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> std::result::Result<ureq::http::Response<ureq::Body>, Failed> {
+        let cut = resp.as_ref().err().is_some_and(cut_short);
+        self.check(resp).map_err(|error| {
+            let cut = cut || matches!(error, Error::Remote { status: 408, .. });
+            Failed::new(error, cut)
+        })
     }
 
     /// Fetches facts by hash; returns the records of those the server has.

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::known::{Known, Ranges};
 use super::{Client, Direction, Phase, Progress, SyncOptions, SyncReport};
@@ -39,9 +39,12 @@ struct Round<'a> {
     local_id: String,
     /// Facts per pull page.
     page: u64,
-    /// Facts and bytes per push request.
+    /// The most facts and bytes per push request.
     push_facts: u64,
     push_bytes: usize,
+    /// The time a push request has: this client's timeout, and the server's request
+    /// timeout, which covers reading the body.
+    push_time: Duration,
     /// Hashes per fetch.
     fetch: usize,
     /// Longest long-poll wait the server grants.
@@ -172,6 +175,17 @@ impl Client {
         Ok(())
     }
 
+    /// The request sizes this client has learned (see `pace`).
+    fn pace(&self) -> std::sync::MutexGuard<'_, super::Pace> {
+        self.pace.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_push_pace(&self, facts: u64, bytes: usize) {
+        let mut p = self.pace();
+        p.push_facts = facts;
+        p.push_bytes = bytes as u64;
+    }
+
     /// The error for a server that serves this database itself.
     fn itself(&self, id: &str) -> Error {
         Error::SyncConfig {
@@ -220,6 +234,9 @@ impl Client {
             page: (self.batch / 2).clamp(1, per_request),
             push_facts: self.batch.clamp(1, per_request),
             push_bytes: MAX_BODY.min(l.max_body_bytes as usize).max(1),
+            push_time: self
+                .timeout
+                .min(Duration::from_millis(l.request_timeout_ms.max(1))),
             fetch: FETCH.min(per_request as usize),
             max_wait,
             known: Known::default(),
@@ -319,21 +336,45 @@ impl Client {
             // pieces; this thread takes the decoded pieces back in order.
             let feed = move |give: &mut dyn FnMut(PullJob) -> bool| {
                 let (mut after, mut wait) = (start, wait);
+                // The page size the link has shown it carries in time (see `pace`).
+                let mut size = self.pace().pull.clamp(1, page);
                 loop {
                     // Skip what this round pushed, and stop a page short of the next of it.
                     after = ours.advance(after);
                     let limit = ours
                         .next_after(after)
-                        .map_or(page, |next| page.min((next - after - 1).max(1) as u64));
-                    let got = self.pull_page(after, limit, wait, roots);
-                    wait = Duration::ZERO;
-                    let p = match got {
+                        .map_or(size, |next| size.min((next - after - 1).max(1) as u64));
+                    let started = Instant::now();
+                    let p = match self.try_pull_page(after, limit, wait, roots) {
                         Ok(p) => p,
-                        Err(e) => {
-                            give(PullJob::Failed(e));
+                        // Cut short or timed out: the same page again, half as large (half
+                        // of what it held, when its headers told). One fact that cannot
+                        // get through is an error.
+                        Err(f) if f.cut => {
+                            let was = f.announced.map_or(limit, |n| n.min(limit));
+                            size = (was / 2).max(1);
+                            self.pace().pull = size;
+                            if was > 1 {
+                                continue;
+                            }
+                            give(PullJob::Failed(f.error));
+                            return;
+                        }
+                        Err(f) => {
+                            give(PullJob::Failed(f.error));
                             return;
                         }
                     };
+                    // A full page in under a quarter of the time allowed: the next may be
+                    // twice as large.
+                    if size < page
+                        && p.records.len() as u64 >= limit
+                        && started.elapsed() < self.timeout / 4
+                    {
+                        size = size.saturating_mul(2).min(page);
+                        self.pace().pull = size;
+                    }
+                    wait = Duration::ZERO;
                     let last = p.through >= p.max_seq || p.records.is_empty();
                     let end = PageEnd {
                         through: p.through,
@@ -588,7 +629,8 @@ impl Client {
     }
 
     /// Pushes the local facts after the push bookmark that the peer lacks, in requests
-    /// fitted to its limits (halved again on a 413); returns how many facts it sent.
+    /// fitted to its limits (halved again on a 413) and to the link (halved after a
+    /// request cut short or timed out, see `pace`); returns how many facts it sent.
     fn push_all(
         &self,
         r: &mut Round<'_>,
@@ -597,7 +639,14 @@ impl Client {
     ) -> Result<u64> {
         let mut first = true;
         let mut sent = 0;
-        let (mut cap, mut cap_bytes) = (r.push_facts, r.push_bytes);
+        let (mut most, mut most_bytes) = (r.push_facts, r.push_bytes);
+        let (mut cap, mut cap_bytes) = {
+            let p = self.pace();
+            (
+                p.push_facts.clamp(1, most),
+                usize::try_from(p.push_bytes).map_or(most_bytes, |b| b.clamp(1, most_bytes)),
+            )
+        };
         loop {
             let after = r.store.peer(&r.key)?.map_or(0, |p| p.push_after);
             let max = r.store.max_seq()?;
@@ -609,14 +658,41 @@ impl Client {
                 r.store.write(|w| w.set_push_bookmark(&r.key, body.last))?;
                 continue;
             }
-            let answer = match self.push_records(&body.bytes) {
-                Err(Error::Remote { status: 413, .. }) if body.count > 1 => {
+            let started = Instant::now();
+            let answer = match self.try_push_records(&body.bytes) {
+                Ok(a) => a,
+                Err(f)
+                    if body.count > 1 && matches!(f.error, Error::Remote { status: 413, .. }) =>
+                {
                     cap = (body.count / 2).max(1);
                     cap_bytes = (body.bytes.len() / 2).max(1);
+                    (most, most_bytes) = (cap, cap_bytes);
                     continue;
                 }
-                a => a?,
+                // Cut short or timed out: the same facts again, in requests half as large.
+                Err(f) if f.cut && body.count > 1 => {
+                    cap = (body.count / 2).max(1);
+                    cap_bytes = (body.bytes.len() / 2).max(1);
+                    self.set_push_pace(cap, cap_bytes);
+                    continue;
+                }
+                Err(f) => {
+                    if f.cut {
+                        self.set_push_pace(1, body.bytes.len());
+                    }
+                    return Err(f.error);
+                }
             };
+            // A request cut by the caps (more was waiting) that took under a quarter of
+            // the time allowed: the next may be twice as large.
+            if body.last < max
+                && (cap < most || cap_bytes < most_bytes)
+                && started.elapsed() < r.push_time / 4
+            {
+                cap = cap.saturating_mul(2).min(most);
+                cap_bytes = cap_bytes.saturating_mul(2).min(most_bytes);
+                self.set_push_pace(cap, cap_bytes);
+            }
             // Pushed to a database that replaced the one the bookmark was written for: the
             // bookmark is back at 0, and the loop pushes everything again. The first answer
             // tells; later ones come from the same server (a write transaction each would
