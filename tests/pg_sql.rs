@@ -83,6 +83,15 @@ fn arguments_bind_to_the_inferred_types_and_columns_read_back() {
         })
         .unwrap();
     assert_eq!((frac, count), (1.25, 1));
+    // The infinities of a numeric (PostgreSQL 14 on), which carry no digits.
+    let (inf, minus) = store
+        .read(|r| {
+            let inf = r.query_one("SELECT 'Infinity'::numeric", &[], |r| r.get::<f64>(0))?;
+            let minus = r.query_one("SELECT '-Infinity'::numeric", &[], |r| r.get::<f64>(0))?;
+            Ok((inf, minus))
+        })
+        .unwrap();
+    assert_eq!((inf, minus), (f64::INFINITY, f64::NEG_INFINITY));
     // A value that does not fit its parameter is an error, not a wrong value.
     let err = store
         .write(|w| {

@@ -364,8 +364,12 @@ fn numeric_value(raw: &[u8]) -> Result<ValueRef<'static>, String> {
             .ok_or_else(|| "a short numeric".to_string())
     };
     let (ndigits, weight, sign) = (word(0)? as usize, word(1)? as i32, word(2)? as u16);
-    if sign == 0xC000 {
-        return Ok(ValueRef::Real(f64::NAN));
+    // NaN, and (PostgreSQL 14 on) the infinities, carry no digits.
+    match sign {
+        0xC000 => return Ok(ValueRef::Real(f64::NAN)),
+        0xD000 => return Ok(ValueRef::Real(f64::INFINITY)),
+        0xF000 => return Ok(ValueRef::Real(f64::NEG_INFINITY)),
+        _ => {}
     }
     let mut int: i128 = 0;
     let mut real = 0f64;
