@@ -385,3 +385,48 @@ conformance! {
         assert_eq!((stats.ready, stats.blocked, stats.completed), (3, 0, 3));
     }
 }
+
+conformance! {
+    /// A batch completion that waits for another writer past its busy timeout fails as
+    /// busy as a whole, having run no handler and written nothing, so that a caller
+    /// retries it (`precedent work` waits and tries again, a hub answers 503). On
+    /// PostgreSQL the batch used to wait for the write lock first at its first lease's
+    /// step: the lock's timeout became that lease's result, in a transaction PostgreSQL
+    /// had aborted, and the batch failed as another error. Once the other writer is done,
+    /// the batch again completes every lease, once.
+    fn a_batch_held_off_past_the_busy_timeout_is_busy(b: Backend) {
+        let db = b.db();
+        let holder = orders_queued(&db, 2);
+        let waiter = db.store_with(precedent::StoreOptions {
+            busy_timeout: std::time::Duration::from_secs(1),
+            ..precedent::StoreOptions::default()
+        });
+        let leases = waiter.claim("ship", 2).unwrap();
+        assert_eq!(leases.len(), 2);
+        let mut calls = 0;
+        let mut complete = || {
+            waiter.complete_batch(&leases, |w, lease| {
+                calls += 1;
+                w.insert(&lease.completion().build()?).map(|_| ())
+            })
+        };
+        let other = Fact::builder("Other").build().unwrap();
+        holder
+            .write(|w| {
+                // The other writer's fact takes the write lock, held to its commit.
+                w.insert(&other)?;
+                let err = complete().unwrap_err();
+                assert!(err.is_busy(), "{err:?}");
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(holder.seq_of(&other.hash()).unwrap(), Some(3));
+        let results = complete().unwrap();
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        assert_eq!(calls, 2, "a handler ran while the batch waited");
+        assert_eq!(db.query_i64("SELECT count(*) FROM fact"), 5);
+        let stats = waiter.queue_stats("ship").unwrap();
+        assert_eq!((stats.completed, stats.leased), (2, 0));
+        assert!(waiter.claim("ship", 2).unwrap().is_empty());
+    }
+}

@@ -8,6 +8,12 @@
 //! transaction is rolled back, and a second one runs the leases before the failing one
 //! each in a savepoint of its own and the rest in one savepoint, again until the next
 //! failure, so that a failing lease leaves nothing behind and every other lease commits.
+//!
+//! Each transaction takes the write lock first (on PostgreSQL; SQLite's holds the one
+//! writer from its start): a wait for it past the busy timeout then fails the whole call
+//! as busy, before any lease is run, and no lease's step or handler waits for it later.
+//! An error of a lease's own step other than its refusal (a lost lease) fails the whole
+//! call too: on PostgreSQL it aborted the transaction, which no later statement can use.
 
 use crate::error::{Error, Result};
 use crate::queue::Lease;
@@ -60,8 +66,10 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// The outer error is for the transaction itself ([`Error::Backend`]); per-lease
-    /// failures are in the returned list.
+    /// The outer error is for the transaction itself ([`Error::Backend`]): among them a
+    /// wait for another writer past the busy timeout, which fails the whole batch as busy
+    /// ([`Error::is_busy`]) with nothing written, as it does on SQLite, so that the caller
+    /// may run it again. Per-lease failures are in the returned list.
     pub fn complete_batch(
         &self,
         leases: &[Lease],
@@ -79,11 +87,13 @@ impl Store {
         };
         // A handler failed and that transaction is rolled back: again, with savepoints.
         self.write(|w| {
+            // The lock before the first savepoint, so that rolling one back keeps it.
+            w.lock_writers()?;
             let defs = w.queue_defs()?;
             let checked = LeaseCheck::new(w, &defs, leases)?;
             let mut results = Vec::with_capacity(leases.len());
             for lease in &leases[..at] {
-                results.push(one_by_one(w, &defs, lease, &mut handler));
+                results.push(one_by_one(w, &defs, lease, &mut handler)?);
             }
             results.push(Err(error));
             let mut from = at + 1;
@@ -92,9 +102,9 @@ impl Store {
                 let mut pass = Vec::with_capacity(leases.len() - from);
                 let outcome = w.savepoint(|w| {
                     for (at, lease) in leases.iter().enumerate().skip(from) {
-                        match optimistic(w, &defs, (&checked, at), lease, &mut handler) {
-                            Ok(result) => pass.push(result),
-                            Err(error) => {
+                        match optimistic(w, &defs, (&checked, at), lease, &mut handler)? {
+                            Ran::Done(result) => pass.push(result),
+                            Ran::Failed(error) => {
                                 failed = Some(Failed { at, error });
                                 return Err(abandoned(lease));
                             }
@@ -108,7 +118,7 @@ impl Store {
                     break;
                 };
                 for lease in &leases[from..at] {
-                    results.push(one_by_one(w, &defs, lease, &mut handler));
+                    results.push(one_by_one(w, &defs, lease, &mut handler)?);
                 }
                 results.push(Err(error));
                 from = at + 1;
@@ -135,6 +145,10 @@ impl Store {
         let mut failed = None;
         let mut lost = false;
         let first = self.write(|w| {
+            // The write lock first: every lease's step and most handlers need it, and a
+            // wait for it past the busy timeout is then the whole batch's error (busy),
+            // not a lease's in a transaction PostgreSQL has aborted.
+            w.lock_writers()?;
             // The declarations are read once for the batch: none can change inside the
             // transaction (declaring is a transaction of its own).
             let defs = w.queue_defs()?;
@@ -144,18 +158,26 @@ impl Store {
             let mut outcome = Ok(());
             for (at, lease) in leases.iter().enumerate() {
                 match optimistic(w, &defs, (&checked, at), lease, handler) {
-                    Ok(result) => results.push(result),
+                    Ok(Ran::Done(result)) => results.push(result),
+                    Ok(Ran::Failed(error)) => {
+                        outcome = Err(Stop::Failed(Failed { at, error }));
+                        break;
+                    }
                     Err(error) => {
-                        outcome = Err((at, error));
+                        outcome = Err(Stop::Broken(error));
                         break;
                     }
                 }
             }
             if ahead {
-                // What is left written ahead goes now; any failure of this transaction
-                // may have been a fact written ahead that was stored already, not what
-                // it seemed to the handler.
-                let sent = w.write_ahead(false);
+                // What is left written ahead goes now (unless the transaction is broken:
+                // it is rolled back with it); any failure of this transaction may have
+                // been a fact written ahead that was stored already, not what it seemed
+                // to the handler or the lease's step.
+                let sent = match outcome {
+                    Err(Stop::Broken(_)) => Ok(true),
+                    _ => w.write_ahead(false),
+                };
                 if w.ahead_lost() {
                     lost = true;
                     return Err(abandoned(&leases[0]));
@@ -164,14 +186,32 @@ impl Store {
             }
             match outcome {
                 Ok(()) => Ok(results),
-                Err((at, error)) => {
-                    failed = Some(Failed { at, error });
-                    Err(abandoned(&leases[at]))
+                Err(Stop::Failed(f)) => {
+                    let rolled_back = abandoned(&leases[f.at]);
+                    failed = Some(f);
+                    Err(rolled_back)
                 }
+                Err(Stop::Broken(error)) => Err(error),
             }
         });
         (first, failed, lost)
     }
+}
+
+/// Why the first pass stopped before its last lease.
+enum Stop {
+    /// A handler failed: the pass is rolled back and the batch goes on with savepoints.
+    Failed(Failed),
+    /// The transaction cannot go on (see [`optimistic`]): the batch fails with this.
+    Broken(Error),
+}
+
+/// How one lease ran in a pass that goes on.
+enum Ran {
+    /// Its result: done, or refused before its handler ran (unknown queue, lease lost).
+    Done(Result<()>),
+    /// Its handler failed (or completed nothing): the caller rolls back what it wrote.
+    Failed(Error),
 }
 
 /// What a pass returns to have its transaction or savepoint rolled back after a handler
@@ -183,32 +223,64 @@ fn abandoned(lease: &Lease) -> Error {
     }
 }
 
+/// Runs one lease in the pass's transaction or savepoint, with no savepoint of its own.
+///
+/// # Errors
+/// An error of the lease's step other than its refusal ([`Error::LeaseLost`]): a
+/// statement that failed (a lock waited for past the busy timeout, a lost connection).
+/// On PostgreSQL it aborted the transaction, so it is never one lease's result but the
+/// batch's.
 fn optimistic(
     w: &mut Writer<'_>,
     defs: &QueueDefs,
     checked: (&LeaseCheck, usize),
     lease: &Lease,
     handler: &mut impl FnMut(&mut Writer<'_>, &Lease) -> Result<()>,
-) -> std::result::Result<Result<()>, Error> {
+) -> Result<Ran> {
     let Some(q) = defs.by_name(&lease.queue) else {
-        return Ok(Err(super::work::unknown(&lease.queue)));
+        return Ok(Ran::Done(Err(super::work::unknown(&lease.queue))));
     };
-    if let Err(refused) = w.lease_ready_after(lease, q.spec.semantics, Some(checked)) {
-        return Ok(Err(refused));
+    match w.lease_ready_after(lease, q.spec.semantics, Some(checked)) {
+        Ok(()) => {}
+        Err(lost @ Error::LeaseLost { .. }) => return Ok(Ran::Done(Err(lost))),
+        Err(broken) => return Err(broken),
     }
-    w.run_completion(lease, q.spec.semantics, |w| handler(w, lease))
-        .map(Ok)
+    Ok(
+        match w.run_completion(lease, q.spec.semantics, |w| handler(w, lease)) {
+            Ok(()) => Ran::Done(Ok(())),
+            Err(error) => Ran::Failed(error),
+        },
+    )
 }
 
-/// Runs one lease in a savepoint of its own, as [`Store::complete`] does.
+/// Runs one lease in a savepoint of its own, as [`Store::complete`] does; its result.
+///
+/// # Errors
+/// As [`optimistic`]: an error of the lease's step other than its refusal is the batch's.
 fn one_by_one(
     w: &mut Writer<'_>,
     defs: &QueueDefs,
     lease: &Lease,
     handler: &mut impl FnMut(&mut Writer<'_>, &Lease) -> Result<()>,
-) -> Result<()> {
+) -> Result<Result<()>> {
     let Some(q) = defs.by_name(&lease.queue) else {
-        return Err(super::work::unknown(&lease.queue));
+        return Ok(Err(super::work::unknown(&lease.queue)));
     };
-    w.savepoint(|w| w.complete_in_savepoint(lease, q.spec.semantics, |w| handler(w, lease)))
+    let semantics = q.spec.semantics;
+    let mut broken = None;
+    let result = w.savepoint(|w| {
+        match w.lease_ready(lease, semantics) {
+            Ok(()) => {}
+            Err(lost @ Error::LeaseLost { .. }) => return Err(lost),
+            Err(error) => {
+                broken = Some(error);
+                return Err(abandoned(lease));
+            }
+        }
+        w.run_completion(lease, semantics, |w| handler(w, lease))
+    });
+    match broken {
+        Some(error) => Err(error),
+        None => Ok(result),
+    }
 }
