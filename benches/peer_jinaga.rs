@@ -9,7 +9,7 @@
 //! Ours, `RUNS` times, each on a fresh database: `precedent --db postgres://... serve`;
 //! the facts posted in the JSON form (`POST /v1/facts`, `application/json`), 1,000 a
 //! request one after another, orders first (the peer sends the same chunks, each with
-//! the closure of its predecessors); then the pending orders asked twice as hashes
+//! the closure of its predecessors), each request's time kept (`saveRequestMs`); then the pending orders asked twice as hashes
 //! (`POST /v1/query`, `select hash(o)`) and twice as whole facts (`select o`); the
 //! server's peak resident memory (`VmHWM`).
 //!
@@ -181,9 +181,12 @@ fn ours(n: usize) -> Json {
         .collect();
     let started = Instant::now();
     let mut inserted = 0u64;
+    let mut request_ms = Vec::with_capacity(bodies.len());
     for b in &bodies {
-        let report: Json =
-            serde_json::from_slice(&post(&agent, &format!("{base}/v1/facts"), b)).unwrap();
+        let sent = Instant::now();
+        let answer = post(&agent, &format!("{base}/v1/facts"), b);
+        request_ms.push((sent.elapsed().as_secs_f64() * 1e4).round() / 10.0);
+        let report: Json = serde_json::from_slice(&answer).unwrap();
         assert!(
             report["rejected"].as_array().unwrap().is_empty(),
             "{report}"
@@ -213,7 +216,7 @@ fn ours(n: usize) -> Json {
     server.kill().unwrap();
     server.wait().unwrap();
     json!({"facts": all.len(), "saveSecs": save_secs,
-           "saveFactsPerSec": all.len() as f64 / save_secs,
+           "saveFactsPerSec": all.len() as f64 / save_secs, "saveRequestMs": request_ms,
            "readHashMs": hash1, "readHashMs2": hash2, "readFactMs": fact1, "readFactMs2": fact2,
            "readFactBytes": bytes, "serverPeakMB": server_peak})
 }
