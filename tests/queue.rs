@@ -525,6 +525,28 @@ conformance! {
 }
 
 conformance! {
+    /// An at-most-once input given back unstarted (a worker stopping) cannot be offered
+    /// again; it is counted dropped, not lost without a trace.
+    fn an_at_most_once_input_given_back_is_counted_dropped(b: Backend) {
+        let clock = ManualClock::starting_at(T0);
+        let s = store_with(b, &clock);
+        let mut spec = orders_spec();
+        spec.semantics = Semantics::AtMostOnce;
+        s.declare_queue(&spec).unwrap();
+        s.insert_batch((1..=3).map(|i| order(i, &[])).collect()).unwrap();
+        let mut leases = s.claim("ship", 3).unwrap();
+        assert_eq!(leases.len(), 3);
+        for lease in leases.drain(1..) {
+            s.release(lease).unwrap();
+        }
+        let stats = s.queue_stats("ship").unwrap();
+        assert_eq!(stats.dropped, 2, "{stats:?}");
+        clock.advance(3_600_000);
+        assert!(s.claim("ship", 3).unwrap().is_empty());
+    }
+}
+
+conformance! {
     fn releasing_a_lease_does_not_count_the_attempt(b: Backend) {
         let clock = ManualClock::starting_at(T0);
         let s = store_with(b, &clock);

@@ -468,11 +468,22 @@ impl Writer<'_> {
         }
     }
 
-    /// Gives a leased input back without counting the attempt (see [`Store::release`]).
+    /// Gives a leased input back without counting the attempt (see [`Store::release`]);
+    /// an at-most-once input, which ended when it was handed out, is counted dropped.
     ///
     /// # Errors
     /// [`Error::LeaseLost`] if the lease is no longer held; nothing is written then.
     pub fn release(&mut self, lease: &Lease) -> Result<()> {
+        let (defs, at) = self.queue(&lease.queue)?;
+        let q = &defs.queues[at];
+        if q.spec.semantics == Semantics::AtMostOnce {
+            // Delivered at most once: the input ended when it was handed out and cannot be
+            // offered again, so one given back unstarted is dropped, and counted so, as a
+            // failed one is (not lost without a trace).
+            let id = q.id;
+            count(self.split().1, id, Count::Dropped);
+            return Ok(());
+        }
         self.check_lease(lease)?;
         let now = self.now_ms();
         self.sql().execute(
@@ -1011,7 +1022,8 @@ impl Store {
     }
 
     /// Gives a leased input back without counting the attempt (a worker shutting down
-    /// before it started the work).
+    /// before it started the work). An input of an at-most-once queue ended when it was
+    /// handed out and cannot be offered again: it is counted `dropped`, as a failed one is.
     ///
     /// # Errors
     /// [`Error::LeaseLost`] if the lease is no longer held.
