@@ -389,6 +389,11 @@ fn documented_errors_point_at_line_and_column() {
             (1, 29),
             "text without its closing",
         ),
+        (
+            "given s: Shop\nselect {a: s.name,\n  a: s.id}",
+            (3, 3),
+            "record key a repeated",
+        ),
     ];
     for (text, (line, column), fragment) in cases {
         let err = Query::parse(text).unwrap_err();

@@ -583,7 +583,15 @@ impl Parser {
             self.nest()?;
             let mut items = Vec::new();
             loop {
+                let at = self.pos();
                 let key = self.name("a record key")?;
+                if items.iter().any(|(k, _)| *k == key) {
+                    return Err(QueryError {
+                        line: at.line,
+                        column: at.column,
+                        message: format!("record key {key} repeated"),
+                    });
+                }
                 self.punct(":", "after the record key")?;
                 items.push((key, self.projection()?));
                 if !self.eat(",") {
