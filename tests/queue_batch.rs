@@ -430,3 +430,65 @@ conformance! {
         assert!(waiter.claim("ship", 2).unwrap().is_empty());
     }
 }
+
+/// On PostgreSQL a batch completion locks its leases' rows before it takes the write
+/// lock, as a claim that dead-letters an expired lease does (the row, then the write):
+/// while it waits for a row another transaction holds, it holds no write lock, so that
+/// transaction may take the write lock and commit. Taking the write lock first would
+/// make the two wait for each other.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_batch_completion_keeps_the_lock_order_of_claims() {
+    use common::backend::Backend;
+    if !Backend::Postgres.ready() {
+        return;
+    }
+    let db = Backend::Postgres.db();
+    let store = orders_queued(&db, 1);
+    let lease = store.claim("ship", 1).unwrap().pop().unwrap();
+    let url = db.location.to_str().unwrap().to_string();
+    let mut raw = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let mut tx = raw.transaction().unwrap();
+    tx.execute("SELECT * FROM queue_item FOR UPDATE", &[])
+        .unwrap();
+    let batch = std::thread::spawn(move || {
+        store.complete_batch(&[lease], |w, lease| {
+            w.insert(&lease.completion().build()?).map(|_| ())
+        })
+    });
+    // Until the batch waits for the row.
+    let mut watcher = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let waiting: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the batch never waited for the row"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let free: bool = tx
+        .query_one(
+            "SELECT pg_try_advisory_xact_lock($1)",
+            &[&0x7072_6563_6465_6e74_i64],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        free,
+        "the batch held the write lock while it waited for a row"
+    );
+    tx.commit().unwrap();
+    let results = batch.join().unwrap().unwrap();
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+}

@@ -9,11 +9,11 @@
 //! each in a savepoint of its own and the rest in one savepoint, again until the next
 //! failure, so that a failing lease leaves nothing behind and every other lease commits.
 //!
-//! Each transaction takes the write lock first (on PostgreSQL; SQLite's holds the one
-//! writer from its start): a wait for it past the busy timeout then fails the whole call
-//! as busy, before any lease is run, and no lease's step or handler waits for it later.
 //! An error of a lease's own step other than its refusal (a lost lease) fails the whole
-//! call too: on PostgreSQL it aborted the transaction, which no later statement can use.
+//! call: on PostgreSQL it aborted the transaction, which no later statement can use. So
+//! a wait past the busy timeout for the write lock, which the first lease's step takes
+//! (after the leases' rows, the order every writer of queue rows keeps), fails the call
+//! as busy, as SQLite's does at its `BEGIN`.
 
 use crate::error::{Error, Result};
 use crate::queue::Lease;
@@ -87,8 +87,6 @@ impl Store {
         };
         // A handler failed and that transaction is rolled back: again, with savepoints.
         self.write(|w| {
-            // The lock before the first savepoint, so that rolling one back keeps it.
-            w.lock_writers()?;
             let defs = w.queue_defs()?;
             let checked = LeaseCheck::new(w, &defs, leases)?;
             let mut results = Vec::with_capacity(leases.len());
@@ -145,10 +143,6 @@ impl Store {
         let mut failed = None;
         let mut lost = false;
         let first = self.write(|w| {
-            // The write lock first: every lease's step and most handlers need it, and a
-            // wait for it past the busy timeout is then the whole batch's error (busy),
-            // not a lease's in a transaction PostgreSQL has aborted.
-            w.lock_writers()?;
             // The declarations are read once for the batch: none can change inside the
             // transaction (declaring is a transaction of its own).
             let defs = w.queue_defs()?;
