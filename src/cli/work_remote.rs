@@ -134,15 +134,18 @@ impl WorkQueue for Hub {
         Ok(failed(r.remove(0)))
     }
 
-    /// Retried through an outage only while the lease would live anyway. A hub that
-    /// predates `release` (it sends no completion rules), or one that cannot be reached,
-    /// leaves the lease to end: the input is offered again then, the attempt counted.
+    /// Retried through an outage only while the lease would live anyway (until its
+    /// `expires_at_ms`: a stopping worker with leases long expired exits at once). A hub
+    /// that predates `release` (it sends no completion rules), or one that cannot be
+    /// reached, leaves the lease to end: the input is offered again then, the attempt
+    /// counted.
     fn release(&self, lease: RemoteLease) {
         if lease.completions.is_empty() {
             return;
         }
         let ids = [lease.id.as_str()];
-        let live = Duration::from_millis(lease.lease_ms.max(0) as u64);
+        let now = precedent::clock::Clock::now_ms(&precedent::clock::SystemClock);
+        let live = time_left(lease.expires_at_ms, now);
         match self.retrying_for("release", live, || self.queue.release(&ids)) {
             Ok(r)
                 if r.first()
@@ -151,6 +154,11 @@ impl WorkQueue for Hub {
             Err(e) => eprintln!("warning: cannot release a lease: {e}"),
         }
     }
+}
+
+/// How long a lease expiring at `expires_at_ms` still lives at `now_ms`: none once past.
+fn time_left(expires_at_ms: i64, now_ms: i64) -> Duration {
+    Duration::from_millis(expires_at_ms.saturating_sub(now_ms).max(0) as u64)
 }
 
 /// What a hub's answer to one completion says.
@@ -217,4 +225,17 @@ pub(super) fn work(_g: &Global, args: WorkArgs, url: &str) -> anyhow::Result<Sta
         let queue = RemoteQueue::new(&url, &queue, options.clone())?;
         Ok(Hub { queue })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_release_is_retried_only_while_its_lease_lives() {
+        assert_eq!(time_left(10_000, 4_000), Duration::from_secs(6));
+        assert_eq!(time_left(10_000, 10_000), Duration::ZERO);
+        assert_eq!(time_left(10_000, 3_600_000), Duration::ZERO);
+        assert_eq!(time_left(i64::MIN, i64::MAX), Duration::ZERO);
+    }
 }
