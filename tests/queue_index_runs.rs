@@ -267,11 +267,14 @@ fn postgres_indexes_batches_as_sqlite_does() {
         same_index((&reference, &runs), (&others.0, &others.1), &all, &cuts, declare_at)?;
         // A declaration back-fills what is stored as if it had been declared first: the
         // same facts stored on a store with the queues declared first end in the same
-        // index, whatever the order of releases between them.
+        // items and blocks, whatever the order of releases between them. (Not the same
+        // counts: those count what ended since the declaration, so a back-fill counts
+        // none of what it replays; `tests/queue.rs`, `a_back_fill_counts_no_past_ending`.)
         let oracle = open(&declared_first, &clock);
         declare(&oracle);
         oracle.insert_batch(all.clone()).unwrap();
-        prop_assert_eq!(index(&oracle), index(&reference), "declared first");
+        let ((items, blocks, _), (ref_items, ref_blocks, _)) = (index(&oracle), index(&reference));
+        prop_assert_eq!((items, blocks), (ref_items, ref_blocks), "declared first");
     });
 }
 
