@@ -136,8 +136,14 @@ impl Client {
         let push_only = options.direction == Direction::Push;
         while !stop.load(Ordering::Relaxed) {
             // Taken before the round reads what to push, so that nothing written after
-            // that read is missed by the wait below.
-            let (mark, seq_before) = (store.wake_mark(), store.max_seq()?);
+            // that read is missed by the wait below; only a push-only follower waits, and
+            // a failed read here is the round's to meet and retry, not the follower's end.
+            let mark = store.wake_mark();
+            let seq_before = if push_only {
+                store.max_seq().ok()
+            } else {
+                None
+            };
             let mut report = SyncReport::default();
             let result = self.round(store, options, wait, &mut report, &mut |_| {});
             let result = self.finish(store, options, result.map(|()| report));
@@ -149,7 +155,7 @@ impl Client {
                 // A push-only round does not wait on the server: it waits here for new
                 // facts in this store instead, where a pulling round long-polls.
                 Ok(r) if push_only && r.pushed == 0 => {
-                    wait_for_local(store, mark, seq_before, wait, stop)?;
+                    wait_for_local(store, mark, seq_before, wait, stop);
                 }
                 Ok(_) => {}
                 // Every page committed before the lock is kept with its bookmark; the
@@ -791,21 +797,20 @@ impl Client {
 fn wait_for_local(
     store: &Store,
     mark: crate::store::WakeMark,
-    seq_before: i64,
+    seq_before: Option<i64>,
     wait: Duration,
     stop: &AtomicBool,
-) -> Result<()> {
+) {
     let until = std::time::Instant::now() + wait;
     while !stop.load(Ordering::Relaxed) {
         let left = until.saturating_duration_since(std::time::Instant::now());
         if left.is_zero()
             || store.wait_for_wake(mark, left.min(LOCAL_LOOK))
-            || store.max_seq()? != seq_before
+            || store.max_seq().ok() != seq_before
         {
             break;
         }
     }
-    Ok(())
 }
 
 /// One push request's body.
