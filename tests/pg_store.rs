@@ -205,6 +205,55 @@ fn a_savepoint_rolled_back_undoes_its_facts_and_numbers() {
 }
 
 #[test]
+fn warming_a_store_leaves_nothing_behind_and_the_next_writes_go_on() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    let root = fact("T.Root", 1, &[]);
+    store.insert(&root).unwrap();
+    let state = || {
+        db.psql(
+            "SELECT (SELECT count(*) FROM fact) || ' ' || (SELECT count(*) FROM edge)
+                || ' ' || (SELECT count(*) FROM fact_type) || ' ' || (SELECT count(*) FROM role)
+                || ' ' || (SELECT string_agg(name || '=' || value, ',' ORDER BY name) FROM counter)
+                || ' ' || (SELECT last_value FROM fact_type_id_seq)
+                || ' ' || (SELECT count(*) FROM pg_stat_activity
+                           WHERE datname = current_database() AND state LIKE 'idle in%')",
+        )
+    };
+    let before = state();
+    store.warm().unwrap();
+    store.warm().unwrap();
+    // No row, no counter, no name id drawn, and no connection left inside a transaction.
+    assert_eq!(state(), before);
+    assert!(before.ends_with(" 0"), "{before}");
+    // The warmed connection takes the next writes: a new type and role, then a batch
+    // long enough for the `COPY`s.
+    let child = fact("T.Child", 2, &[root.hash()]);
+    assert!(matches!(
+        store.insert(&child).unwrap(),
+        InsertOutcome::Inserted { .. }
+    ));
+    let many: Vec<_> = (0..300)
+        .map(|i| fact("T.Child", 10 + i, &[root.hash()]))
+        .collect();
+    let report = store.insert_batch(many).unwrap();
+    assert_eq!(report.inserted, 300);
+    assert_eq!(
+        db.psql("SELECT count(*) || ' ' || max(seq) FROM fact"),
+        "302 302"
+    );
+    // A read-only store has nothing to warm.
+    let read_only = open_with(
+        &db,
+        StoreOptions {
+            read_only: true,
+            ..StoreOptions::default()
+        },
+    );
+    read_only.warm().unwrap();
+}
+
+#[test]
 fn a_type_id_seen_only_by_a_rolled_back_writer_is_not_remembered() {
     let Some(db) = pg::db() else { return };
     let (a, b) = (open(&db), open(&db));

@@ -943,6 +943,13 @@ pub trait Backend: Send + Sync {
     fn listen(&self, wake: &std::sync::Arc<super::Wake>) {
         let _ = wake;
     }
+
+    /// Readies a long-running process for its first write, so that the first request
+    /// a server answers is not the one that pays for cold caches. Leaves nothing behind.
+    /// By default nothing (SQLite's first write costs what the others do).
+    fn warm(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl super::Store {

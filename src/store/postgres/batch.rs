@@ -28,6 +28,10 @@ use crate::store::backend::HookRunner;
 use crate::store::steps::{Pred, batch_order, settle_held, split_predecessors, tally};
 use crate::store::{BatchReport, InsertOutcome};
 
+/// The look-up of facts by hash: seq and type id of those stored.
+pub(super) const LOOK_UP: &str =
+    "SELECT hash, seq, type_id FROM fact WHERE hash = ANY($1::bytea[])";
+
 /// Facts written by one statement at most: bounds its arrays.
 pub(super) const RUN: usize = 8_192;
 
@@ -620,10 +624,7 @@ impl PgWrite<'_> {
             return Ok(known);
         }
         let mut found = Vec::new();
-        for row in self.tx.rows(
-            "SELECT hash, seq, type_id FROM fact WHERE hash = ANY($1::bytea[])",
-            &[&slices(&ask)],
-        )? {
+        for row in self.tx.rows(LOOK_UP, &[&slices(&ask)])? {
             found.push((hash_at(&row, 0)?, (row.get(1), row.get(2))));
         }
         // Read under the write lock: those numbered before it are committed, true for

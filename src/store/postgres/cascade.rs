@@ -236,10 +236,7 @@ impl PgWrite<'_> {
             return Ok(new);
         }
         let wanted: Vec<&[u8]> = wanted.iter().map(|h| &h.0[..]).collect();
-        for row in self.tx.rows(
-            "SELECT hash, seq, type_id FROM fact WHERE hash = ANY($1::bytea[])",
-            &[&wanted],
-        )? {
+        for row in self.tx.rows(super::batch::LOOK_UP, &[&wanted])? {
             reach
                 .known
                 .insert(hash_at(&row, 0)?, (row.get(1), row.get(2)));

@@ -194,6 +194,18 @@ const COPY_FACTS: &str = "COPY fact (seq, hash, type_id, bytes) FROM STDIN (FORM
 const COPY_EDGES: &str = "COPY edge (predecessor, role_id, successor_type, successor, \
      predecessor_type, successor_hash) FROM STDIN (FORMAT binary)";
 
+/// The column types of [`COPY_FACTS`]' rows.
+const FACT_TYPES: [Type; 4] = [Type::INT8, Type::BYTEA, Type::INT8, Type::BYTEA];
+/// The column types of [`COPY_EDGES`]' rows.
+const EDGE_TYPES: [Type; 6] = [
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::BYTEA,
+];
+
 /// Writes `run`'s rows on `conn` by `COPY`, the facts then their edges; returns how many
 /// facts were written, or `None` if one of them is stored already. A run's facts were
 /// read as not released or taken to be new (`PgWrite::insert_many`): one that is there
@@ -235,8 +247,7 @@ fn copy_all(
     let facts = conn.prepared(COPY_FACTS, None, None, reprepares)?;
     run.with_columns(|c| {
         let sink = conn.client.copy_in(&facts).map_err(fail)?;
-        let mut w =
-            BinaryCopyInWriter::new(sink, &[Type::INT8, Type::BYTEA, Type::INT8, Type::BYTEA]);
+        let mut w = BinaryCopyInWriter::new(sink, &FACT_TYPES);
         for i in 0..c.seq.len() {
             w.write(&[&c.seq[i], &c.hash[i], &c.type_id[i], &c.bytes[i]])
                 .map_err(fail)?;
@@ -271,15 +282,7 @@ fn copy_edge_rows<'a>(
     }
     let edges = conn.prepared(COPY_EDGES, None, None, reprepares)?;
     let sink = conn.client.copy_in(&edges).map_err(fail)?;
-    let types = [
-        Type::INT8,
-        Type::INT8,
-        Type::INT8,
-        Type::INT8,
-        Type::INT8,
-        Type::BYTEA,
-    ];
-    let mut w = BinaryCopyInWriter::new(sink, &types);
+    let mut w = BinaryCopyInWriter::new(sink, &EDGE_TYPES);
     for i in 0..n {
         w.write(&row(i)).map_err(fail)?;
     }
@@ -497,9 +500,8 @@ impl<'a> Tx<'a> {
         self.with(|c| {
             let statement = c.prepared(COPY_FACTS, None, None, reprepares)?;
             let sink = c.client.copy_in(&statement).map_err(backend)?;
-            let types = [Type::INT8, Type::BYTEA, Type::INT8, Type::BYTEA];
             let mut sink = FactSink {
-                writer: Some(BinaryCopyInWriter::new(sink, &types)),
+                writer: Some(BinaryCopyInWriter::new(sink, &FACT_TYPES)),
                 failed: None,
             };
             // An error of `produce` drops the writer unfinished, which aborts the `COPY`.
@@ -514,6 +516,30 @@ impl<'a> Tx<'a> {
                 Err(e) if stored_already(&e) => Ok(false),
                 Err(e) => Err(backend(e)),
             }
+        })
+    }
+
+    /// Readies this connection for a push: the fact and edge `COPY`s prepared and run
+    /// with no rows (PostgreSQL opens both tables and their five indexes), and `prepare`
+    /// (statements of the core) prepared, each kept in the connection's cache. Writes
+    /// nothing; the caller rolls back.
+    pub(crate) fn warm(&self, prepare: &[&str]) -> Result<()> {
+        use postgres::binary_copy::BinaryCopyInWriter;
+        let reprepares = &self.backend.shared.reprepares;
+        self.with(|c| {
+            let copies: [(&str, &[Type]); 2] =
+                [(COPY_FACTS, &FACT_TYPES), (COPY_EDGES, &EDGE_TYPES)];
+            for (sql, types) in copies {
+                let statement = c.prepared(sql, None, None, reprepares)?;
+                let sink = c.client.copy_in(&statement).map_err(backend)?;
+                BinaryCopyInWriter::new(sink, types)
+                    .finish()
+                    .map_err(backend)?;
+            }
+            for sql in prepare {
+                c.prepared(sql, None, None, reprepares)?;
+            }
+            Ok(())
         })
     }
 

@@ -321,6 +321,23 @@ impl Backend for PostgresBackend {
         None
     }
 
+    /// Runs a push's first statements once on an idle connection, in a transaction
+    /// rolled back: the `COPY`s of facts and edges with no rows, and the look-ups of
+    /// names and hashes prepared. A fresh connection's first push otherwise builds
+    /// PostgreSQL's caches of both tables and their indexes as it writes, about 4 ms
+    /// (`docs/performance.md`). The connection goes back to the pool, where the first
+    /// push takes it. A read-only store does nothing.
+    fn warm(&self) -> Result<()> {
+        if self.shared.options.read_only {
+            return Ok(());
+        }
+        let tx = conn::Tx::begin(self, "BEGIN ISOLATION LEVEL READ COMMITTED")?;
+        let mut prepare = names::STATEMENTS.to_vec();
+        prepare.push(batch::LOOK_UP);
+        tx.warm(&prepare)
+        // Dropped: rolled back, the connection given back.
+    }
+
     fn listen(&self, wake: &std::sync::Arc<crate::store::Wake>) {
         let mut listener = lock(&self.listener);
         if listener.is_some() {

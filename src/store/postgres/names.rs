@@ -11,12 +11,16 @@ use crate::error::Result;
 /// The name table: `fact_type` (false) or `role` (true).
 pub(crate) type IsRole = bool;
 
+/// The statements of this file, for [`super::PgBackend::warm`].
+pub(crate) const STATEMENTS: [&str; 4] = [
+    "SELECT id FROM role WHERE name = $1",
+    "SELECT id FROM fact_type WHERE name = $1",
+    "INSERT INTO role (name) VALUES ($1) RETURNING id",
+    "INSERT INTO fact_type (name) VALUES ($1) RETURNING id",
+];
+
 fn select(role: IsRole) -> &'static str {
-    if role {
-        "SELECT id FROM role WHERE name = $1"
-    } else {
-        "SELECT id FROM fact_type WHERE name = $1"
-    }
+    if role { STATEMENTS[0] } else { STATEMENTS[1] }
 }
 
 /// Committed ids, by table.
@@ -75,11 +79,7 @@ impl Fresh {
             None => match tx.row(select(role), &[&name])? {
                 Some(r) => r.get(0),
                 None => {
-                    let insert = if role {
-                        "INSERT INTO role (name) VALUES ($1) RETURNING id"
-                    } else {
-                        "INSERT INTO fact_type (name) VALUES ($1) RETURNING id"
-                    };
+                    let insert = if role { STATEMENTS[2] } else { STATEMENTS[3] };
                     tx.rows(insert, &[&name])?[0].get(0)
                 }
             },

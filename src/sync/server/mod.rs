@@ -172,6 +172,8 @@ impl Server {
         let (store, store_id) = tokio::task::spawn_blocking(move || -> Result<_> {
             let store = Store::open_with(&db, options)?;
             let id = store.store_id()?;
+            // The first push then costs what the others do (PostgreSQL's caches).
+            store.warm()?;
             Ok((Arc::new(store), id))
         })
         .await
