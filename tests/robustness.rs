@@ -1669,3 +1669,42 @@ fn sync_push_with_a_read_only_token() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// An input file named on the command line that cannot be read is the caller's to fix:
+/// exit 1 (invalid input, as an unreadable config or token file), one line naming the
+/// file, nothing written; not exit 4, which says the database failed.
+#[test]
+fn an_unreadable_input_file_is_invalid_input_not_a_database_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.db");
+    Store::open(&path).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let missing = dir.path().join("missing.jsonl");
+    let missing = missing.to_str().unwrap();
+    let folder = dir.path().to_str().unwrap();
+    let cases: [(&[&str], String); 4] = [
+        (
+            &["import", missing],
+            format!("cannot open {missing}: no such file"),
+        ),
+        (
+            &["import", folder],
+            format!("cannot read {folder}: is a directory"),
+        ),
+        (
+            &["query", "-f", missing],
+            format!("cannot read the query from {missing}: no such file"),
+        ),
+        (
+            &["sync", "--ca-cert", missing, "http://127.0.0.1:9"],
+            format!("cannot read {missing}: no such file"),
+        ),
+    ];
+    for (args, want) in cases {
+        let out = common::bin::run(&path, args, b"");
+        let err = stderr(&out);
+        assert_fails(&out, 1, &want);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+}

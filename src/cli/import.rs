@@ -16,7 +16,7 @@ use serde_json::json;
 use super::args::Format;
 use super::pipeline::{AHEAD_HELD, AHEAD_RECORDS, Batches, Chunker, Item, PIECE_RECORDS, Parsed};
 use super::records::{CborSeq, READ_BYTES, Records, sniff};
-use super::{Failure, Global, Status, exit, progress, source_name};
+use super::{Failure, Global, Status, exit, progress, source_name, unreadable};
 
 /// Records per `insert_batch` call: 50,000 imports faster than 10,000 or 25,000 (fewer
 /// commits and checkpoints); docs/performance.md, "Import", has the figures, and the
@@ -165,14 +165,14 @@ pub fn import(
     let (input, len): (Box<dyn Read + Send>, Option<u64>) = if path == Path::new("-") {
         (Box::new(io::stdin()), None)
     } else {
-        let file = File::open(path).with_context(|| format!("cannot open {name}"))?;
+        let file = File::open(path).map_err(|e| unreadable(format!("cannot open {name}"), &e))?;
         let len = file.metadata().ok().map(|m| m.len());
         (Box::new(file), len)
     };
     let pb = progress(len, "importing");
     let mut input = BufReader::with_capacity(READ_BYTES, pb.wrap_read(input));
     let (format, skipped, lines) =
-        sniff(&mut input, format).with_context(|| format!("cannot read {name}"))?;
+        sniff(&mut input, format).map_err(|e| unreadable(format!("cannot read {name}"), &e))?;
     let input: Box<dyn BufRead + Send> = Box::new(input);
     let records = match format {
         Format::Json => Records::Lines {

@@ -112,6 +112,13 @@ impl Failure {
     }
 }
 
+/// A file the command line names as input that cannot be read (missing, a directory,
+/// not permitted): invalid input (exit 1), as an unreadable config, token or certificate
+/// file is, not a database error (exit 4). `what` says which file, as "cannot open X".
+pub fn unreadable(what: String, e: &dyn fmt::Display) -> anyhow::Error {
+    Failure::error(exit::INVALID, format!("{what}: {e}"))
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)

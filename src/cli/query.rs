@@ -54,8 +54,9 @@ fn load(args: &QueryArgs, store: &Store) -> anyhow::Result<(Query, Givens)> {
         (_, Some(f)) if f.as_os_str() == "-" => {
             std::io::read_to_string(std::io::stdin()).context("cannot read the query from stdin")?
         }
-        (_, Some(f)) => std::fs::read_to_string(f)
-            .with_context(|| format!("cannot read the query from {}", f.display()))?,
+        (_, Some(f)) => std::fs::read_to_string(f).map_err(|e| {
+            super::unreadable(format!("cannot read the query from {}", f.display()), &e)
+        })?,
         (None, None) => return Err(Failure::error(exit::USAGE, "give the query or -f FILE")),
     };
     let query = Query::parse(&text)?;

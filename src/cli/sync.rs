@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::{Args, Subcommand};
 use precedent::FactHash;
 use precedent::sync::auth::Tokens;
@@ -215,7 +214,10 @@ fn parse_roots(store: &precedent::Store, roots: &[String]) -> anyhow::Result<Vec
 pub fn sync(g: &Global, a: SyncArgs) -> anyhow::Result<Status> {
     let mut store = g.open(true)?;
     let ca_cert_pem = match &a.ca_cert {
-        Some(p) => Some(std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?),
+        Some(p) => Some(
+            std::fs::read(p)
+                .map_err(|e| super::unreadable(format!("cannot read {}", p.display()), &e))?,
+        ),
         None => None,
     };
     let client = Client::new(
