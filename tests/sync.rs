@@ -1106,6 +1106,61 @@ fn padded(t: &str, root: &precedent::Fact, n: i64) -> Vec<precedent::Fact> {
         .collect()
 }
 
+/// A proxy that closes idle connections (as load balancers and NAT gateways do, here
+/// after 300 ms) cuts every long poll of a follower with nothing to pull. Such a cut says
+/// nothing of what the link carries: the follower asks again at once without waiting,
+/// at the same page size, and its rounds succeed. Before, each cut halved the page, down
+/// to one fact, and then failed the round.
+#[test]
+fn a_follower_behind_a_proxy_that_cuts_idle_connections_keeps_its_page_size() {
+    let a = Node::on(common::backend::Backend::Sqlite);
+    let b = Node::on(common::backend::Backend::Sqlite);
+    let root = fact("Root", 0, &[]);
+    a.store().insert(&root).unwrap();
+    let server = a.serve();
+    let proxy = IdleCutProxy::start(server.addr(), Duration::from_millis(300));
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (url, db, stop2, errors2) = (proxy.url(), b.db.clone(), stop.clone(), errors.clone());
+    let follower = std::thread::spawn(move || {
+        let store = Store::open(&db).unwrap();
+        let client = Client::new(&url, ClientOptions::default()).unwrap();
+        let mut on_round = |r: &precedent::Result<precedent::sync::client::SyncReport>| {
+            if let Err(e) = r {
+                errors2.lock().unwrap().push(e.to_string());
+            }
+        };
+        client
+            .follow(
+                &store,
+                &SyncOptions::default(),
+                Duration::from_secs(5),
+                &stop2,
+                &mut on_round,
+            )
+            .unwrap();
+    });
+    // Idle long polls, each cut by the proxy.
+    wait_until(|| proxy.cuts() >= 8);
+    let f = fact("Live", 1, &[root.hash()]);
+    a.store().insert(&f).unwrap();
+    let sb = b.store();
+    wait_until(|| sb.get(&f.hash()).unwrap().is_some());
+    stop.store(true, Ordering::Relaxed);
+    follower.join().unwrap();
+    let limits = proxy.limits();
+    assert!(limits.len() > 8, "{limits:?}");
+    assert!(
+        limits.iter().all(|&l| l == limits[0]),
+        "the pull size shrank: {limits:?}"
+    );
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+}
+
 /// A server with a request timeout of 2 s, and a client with a timeout of 2 s that
 /// reaches it through a link of `up` and `down` bytes a second.
 fn slow_link(

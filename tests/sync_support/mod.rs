@@ -219,20 +219,10 @@ pub struct FakeServer {
 
 impl FakeServer {
     pub fn start(answer: impl Fn(&str) -> Vec<u8> + Send + 'static) -> FakeServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if stop2.load(Ordering::Relaxed) {
-                    return;
-                }
-                let Ok(mut conn) = conn else { continue };
-                let req = read_request(&mut conn);
-                let _ = conn.write_all(&answer(&req));
-                let _ = conn.shutdown(Shutdown::Both);
-            }
+        let (addr, stop) = accept_each(move |mut conn| {
+            let req = read_request(&mut conn);
+            let _ = conn.write_all(&answer(&req));
+            let _ = conn.shutdown(Shutdown::Both);
         });
         FakeServer { addr, stop }
     }
@@ -572,25 +562,12 @@ impl Pipe {
 
 impl SlowProxy {
     pub fn start(upstream: SocketAddr, up: u64, down: u64) -> SlowProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
         let (up, down) = (Pipe::new(up), Pipe::new(down));
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if stop2.load(Ordering::Relaxed) {
-                    return;
-                }
-                let Ok(client) = conn else { continue };
-                let Ok(server) = TcpStream::connect(upstream) else {
-                    continue;
-                };
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (up, down) = (up.clone(), down.clone());
-                std::thread::spawn(move || slow_pump(c2, s2, &up));
-                std::thread::spawn(move || slow_pump(server, client, &down));
-            }
+        let (addr, stop) = accept_pairs(upstream, move |client, server| {
+            let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (up, down) = (up.clone(), down.clone());
+            std::thread::spawn(move || slow_pump(c2, s2, &up));
+            std::thread::spawn(move || slow_pump(server, client, &down));
         });
         SlowProxy { addr, stop }
     }
@@ -598,6 +575,38 @@ impl SlowProxy {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
+}
+
+/// A listener on 127.0.0.1 that hands each connection to `handle`, until the flag it
+/// returns is set (and a connection wakes it).
+fn accept_each(handle: impl Fn(TcpStream) + Send + 'static) -> (SocketAddr, Arc<AtomicBool>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            if stop2.load(Ordering::Relaxed) {
+                return;
+            }
+            if let Ok(conn) = conn {
+                handle(conn);
+            }
+        }
+    });
+    (addr, stop)
+}
+
+/// [`accept_each`], each client connected to `upstream` and both streams handed to `pair`.
+fn accept_pairs(
+    upstream: SocketAddr,
+    pair: impl Fn(TcpStream, TcpStream) + Send + 'static,
+) -> (SocketAddr, Arc<AtomicBool>) {
+    accept_each(move |client| {
+        if let Ok(server) = TcpStream::connect(upstream) {
+            pair(client, server);
+        }
+    })
 }
 
 impl Drop for SlowProxy {
@@ -620,6 +629,120 @@ fn slow_pump(mut from: TcpStream, mut to: TcpStream, pipe: &Pipe) {
             break;
         }
     }
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+}
+
+/// A TCP proxy that closes a connection on which no byte has passed either way for
+/// `idle`, as load balancers and NAT gateways do, and otherwise relays faithfully. It
+/// keeps the `limit` of every pull it relays (`GET /v1/facts?...&limit=N`).
+pub struct IdleCutProxy {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    cuts: Arc<AtomicU64>,
+    limits: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl IdleCutProxy {
+    pub fn start(upstream: SocketAddr, idle: Duration) -> IdleCutProxy {
+        let cuts = Arc::new(AtomicU64::new(0));
+        let limits = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (cuts2, limits2) = (cuts.clone(), limits.clone());
+        let (addr, stop) = accept_pairs(upstream, move |client, server| {
+            let last = Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
+            let closed = Arc::new(AtomicBool::new(false));
+            let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let up = (
+                last.clone(),
+                closed.clone(),
+                cuts2.clone(),
+                Some(limits2.clone()),
+            );
+            let down = (last, closed, cuts2.clone(), None);
+            std::thread::spawn(move || idle_pump(c2, s2, idle, up));
+            std::thread::spawn(move || idle_pump(server, client, idle, down));
+        });
+        IdleCutProxy {
+            addr,
+            stop,
+            cuts,
+            limits,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Connections closed for being idle.
+    pub fn cuts(&self) -> u64 {
+        self.cuts.load(Ordering::Relaxed)
+    }
+
+    /// The `limit` of each pull relayed, in order.
+    pub fn limits(&self) -> Vec<u64> {
+        self.limits.lock().unwrap().clone()
+    }
+}
+
+impl Drop for IdleCutProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// One direction of an [`IdleCutProxy`] connection: the time of the last byte either
+/// way, whether the connection is closed, the proxy's cut count, and (client to server)
+/// where to keep the pulls' limits.
+type IdleSide = (
+    Arc<std::sync::Mutex<std::time::Instant>>,
+    Arc<AtomicBool>,
+    Arc<AtomicU64>,
+    Option<Arc<std::sync::Mutex<Vec<u64>>>>,
+);
+
+fn idle_pump(mut from: TcpStream, mut to: TcpStream, idle: Duration, side: IdleSide) {
+    let (last, closed, cuts, limits) = side;
+    from.set_read_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    let mut buf = [0u8; 8192];
+    while !closed.load(Ordering::Relaxed) {
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                *last.lock().unwrap() = std::time::Instant::now();
+                if let Some(limits) = &limits {
+                    let text = String::from_utf8_lossy(&buf[..n]);
+                    for line in text.lines().filter(|l| l.starts_with("GET /v1/facts?")) {
+                        let limit = line
+                            .split(['?', '&', ' '])
+                            .find_map(|p| p.strip_prefix("limit="))
+                            .and_then(|v| v.parse::<u64>().ok());
+                        limits.lock().unwrap().extend(limit);
+                    }
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if last.lock().unwrap().elapsed() >= idle {
+                    if !closed.swap(true, Ordering::Relaxed) {
+                        cuts.fetch_add(1, Ordering::Relaxed);
+                    }
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    closed.store(true, Ordering::Relaxed);
     let _ = to.shutdown(Shutdown::Both);
     let _ = from.shutdown(Shutdown::Both);
 }

@@ -356,6 +356,16 @@ impl Client {
                         // Cut short or timed out: the same page again, half as large (half
                         // of what it held, when its headers told). One fact that cannot
                         // get through is an error.
+                        // Cut while waiting for facts, before the server answered: a
+                        // proxy closing an idle connection, most likely, which says
+                        // nothing of what the link carries. The same page again at once,
+                        // at the same size, without waiting (a server with nothing new
+                        // answers an empty page, and the next round waits again). A cut
+                        // of that request too is the link's.
+                        Err(f) if f.cut && f.announced.is_none() && !wait.is_zero() => {
+                            wait = Duration::ZERO;
+                            continue;
+                        }
                         Err(f) if f.cut => {
                             let was = f.announced.map_or(limit, |n| n.min(limit));
                             size = (was / 2).max(1);
