@@ -474,6 +474,54 @@ fn two_opens_at_once_migrate_once_under_repeatable_read() {
     );
 }
 
+/// An open that finds another process migrating waits for that migration however long
+/// it runs, not only the busy timeout, and then opens the migrated database (it failed
+/// as busy after the busy timeout).
+#[test]
+fn an_open_waits_for_a_migration_longer_than_the_busy_timeout() {
+    let Some(db) = pg::db() else { return };
+    let mut holder = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&0x7072_6563_6d69_6772_i64])
+        .unwrap();
+    let url = db.url.clone();
+    let open = std::thread::spawn(move || {
+        let options = StoreOptions {
+            busy_timeout: Duration::from_millis(200),
+            ..StoreOptions::default()
+        };
+        Store::open_with(&url, options)
+    });
+    let until = Instant::now() + Duration::from_secs(30);
+    while db.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        != "1"
+    {
+        assert!(Instant::now() < until, "the open never waited for the lock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Five busy timeouts.
+    std::thread::sleep(Duration::from_millis(1000));
+    holder
+        .execute(
+            "SELECT pg_advisory_unlock($1)",
+            &[&0x7072_6563_6d69_6772_i64],
+        )
+        .unwrap();
+    let store = open.join().unwrap().unwrap();
+    assert_eq!(
+        db.psql("SELECT max(version) FROM schema_version"),
+        PG_SCHEMA_VERSION.to_string()
+    );
+    store.insert(&fact("T.After", 1, &[])).unwrap();
+    // The store's own waits keep the busy timeout: a write behind another's write lock
+    // fails as busy.
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&0x7072_6563_6465_6e74_i64])
+        .unwrap();
+    let err = store.insert(&fact("T.After", 2, &[])).unwrap_err();
+    assert!(err.is_busy(), "{err}");
+}
+
 #[test]
 fn a_server_that_is_down_says_so() {
     if pg::cluster().is_none() {

@@ -72,7 +72,19 @@ pub(super) fn migrate(client: &mut Client, url: &str, read_only: bool) -> Result
         .isolation_level(postgres::IsolationLevel::ReadCommitted)
         .start()
         .map_err(backend)?;
+    // Another process's migration is waited for as long as it runs, not the busy
+    // timeout: a server started beside one that is migrating a large database starts
+    // after it, where it failed as busy. The migration's own statements keep the busy
+    // timeout, so that it does not wait without end behind an older server's locks.
+    let bound: String = tx
+        .query_one("SELECT current_setting('lock_timeout')", &[])
+        .map_err(backend)?
+        .get(0);
+    tx.batch_execute("SET LOCAL lock_timeout = 0")
+        .map_err(backend)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
+        .map_err(backend)?;
+    tx.execute("SELECT set_config('lock_timeout', $1, true)", &[&bound])
         .map_err(backend)?;
     // Read again under the lock: another process may have migrated meanwhile.
     let now = version(&mut tx)?;
