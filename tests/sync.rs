@@ -1226,6 +1226,52 @@ fn a_link_too_slow_for_a_full_request_still_syncs() {
     assert_converged(&[&a, &b]);
 }
 
+/// The ancestors that held facts wait for, fetched over a link too slow for a full fetch
+/// (1,000 hashes) in the time allowed: a fetch cut short is sent again for half its
+/// hashes, so the held facts are released (before, the same fetch failed the sync every
+/// time).
+#[test]
+fn a_fetch_too_large_for_a_slow_link_goes_in_smaller_requests() {
+    let a = Node::on(common::backend::Backend::Sqlite);
+    let b = Node::on(common::backend::Backend::Sqlite);
+    let root = fact("Root", 0, &[]);
+    let elsewhere = fact("Elsewhere", 0, &[]);
+    a.store()
+        .insert_batch(vec![root.clone(), elsewhere.clone()])
+        .unwrap();
+    // About 0.5 MB of A's facts, which B's held facts wait for.
+    let parents = padded("A", &root, 1000);
+    a.store().insert_batch(parents.clone()).unwrap();
+    b.store().insert_batch(vec![root.clone()]).unwrap();
+    let children: Vec<_> = parents
+        .iter()
+        .enumerate()
+        .map(|(i, p)| fact("Child", i as i64, &[p.hash()]))
+        .collect();
+    b.store().insert_batch(children).unwrap();
+    assert_eq!(b.store().held_count().unwrap(), 1000);
+    // 200 KB/s, and 2 s for a request: one fetch of the 1,000 takes 2.5 s. The pull is
+    // scoped to a root with nothing under it, so that the parents come only by fetch.
+    let (_server, _proxy, client) = slow_link(&a, 200_000, 200_000);
+    let sb = b.store();
+    let options = SyncOptions {
+        direction: Direction::Pull,
+        roots: vec![elsewhere.hash()],
+    };
+    let (mut failures, mut fetched) = (Vec::new(), None);
+    for _ in 0..3 {
+        match client.sync(&sb, &options, &mut |_| {}) {
+            Ok(r) => {
+                fetched = Some(r.fetched);
+                break;
+            }
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    assert_eq!(fetched, Some(1000), "{failures:?}");
+    assert_eq!(sb.held_count().unwrap(), 0, "{failures:?}");
+}
+
 /// A push request too large for a slow uplink in the server's request timeout (408) is
 /// sent again in halves, so a push-only sync moves its bookmark (before, the same
 /// request was sent again and again).

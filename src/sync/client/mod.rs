@@ -495,6 +495,14 @@ impl Client {
         &self,
         hashes: &[FactHash],
     ) -> Result<Vec<std::result::Result<Vec<u8>, FramingError>>> {
+        self.try_fetch(hashes).map_err(|f| f.error)
+    }
+
+    /// [`Client::fetch`], saying whether the link cut it short (see `pace`).
+    fn try_fetch(
+        &self,
+        hashes: &[FactHash],
+    ) -> std::result::Result<Vec<std::result::Result<Vec<u8>, FramingError>>, Failed> {
         let body = serde_json::to_vec(&FetchRequest {
             hashes: hashes.iter().map(|h| h.to_string()).collect(),
         })
@@ -505,18 +513,20 @@ impl Client {
                     .post(format!("{}{}", self.base, wire::PATH_FETCH)),
             )
             .header("content-type", wire::JSON);
-        let resp = self.check(req.send(&body[..]))?;
+        let resp = self.check_cut(req.send(&body[..]))?;
+        // From here on, a failure is the body cut short or timed out: the link's doing.
+        let cut = |error: Error| Failed::new(error, true);
         let mut reader = RecordReader::new(resp.into_body().into_reader());
         let mut out = Vec::new();
-        while let Some(r) = reader.next_record().map_err(|e| self.transport(e))? {
+        while let Some(r) = reader.next_record().map_err(|e| cut(self.transport(e)))? {
             if let Err(e) = &r
                 && e.truncated
             {
-                return Err(self.transport("stream ended inside a record"));
+                return Err(cut(self.transport("stream ended inside a record")));
             }
             out.push(r);
             if out.len() > hashes.len() {
-                return Err(self.protocol("more records than hashes asked for"));
+                return Err(self.protocol("more records than hashes asked for").into());
             }
         }
         Ok(out)

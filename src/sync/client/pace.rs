@@ -1,5 +1,5 @@
 //! Request sizes fitted to the link (`docs/protocol.md`, "A sync, step by step"): a pull
-//! page or a push request that the link cut short or let time out is sent again at half
+//! page, a push request or a fetch that the link cut short or let time out is sent again at half
 //! its size, down to one fact, and the size doubles back after requests that finish well
 //! within their time. So a link too slow for a default-sized request in the time allowed
 //! still moves the bookmarks, rather than sending the same request again and again.
@@ -16,6 +16,8 @@ pub(super) struct Pace {
     pub push_facts: u64,
     /// Bytes per push request.
     pub push_bytes: u64,
+    /// Hashes per fetch request.
+    pub fetch: u64,
 }
 
 impl Default for Pace {
@@ -24,6 +26,7 @@ impl Default for Pace {
             pull: u64::MAX,
             push_facts: u64::MAX,
             push_bytes: u64::MAX,
+            fetch: u64::MAX,
         }
     }
 }

@@ -573,10 +573,12 @@ impl Client {
         progress: &mut dyn FnMut(Progress),
     ) -> Result<()> {
         let (mut after, mut stored_in_pass) = (None::<FactHash>, false);
+        // The hashes a fetch asks for, fitted to the link as pull pages are (see `pace`).
+        let mut size = (self.pace().fetch.min(r.fetch as u64) as usize).max(1);
         loop {
             let absent = match &after {
-                None => r.store.absent_ancestors(r.fetch)?,
-                Some(h) => r.store.absent_ancestors_after(h, r.fetch)?,
+                None => r.store.absent_ancestors(size)?,
+                Some(h) => r.store.absent_ancestors_after(h, size)?,
             };
             let Some(&last) = absent.last() else {
                 // The end of a pass: again from the lowest if it stored facts (those it
@@ -587,8 +589,25 @@ impl Client {
                 (after, stored_in_pass) = (None, false);
                 continue;
             };
+            let started = Instant::now();
+            let records = match self.try_fetch(&absent) {
+                Ok(records) => records,
+                // Cut short or timed out: the same hashes again, half of them. One hash
+                // that cannot get through is an error.
+                Err(f) if f.cut && absent.len() > 1 => {
+                    size = (absent.len() / 2).max(1);
+                    self.pace().fetch = size as u64;
+                    continue;
+                }
+                Err(f) => return Err(f.error),
+            };
+            // A full request in under a quarter of the time allowed: the next may ask for
+            // twice as many.
+            if size < r.fetch && absent.len() >= size && started.elapsed() < self.timeout / 4 {
+                size = (size * 2).min(r.fetch);
+                self.pace().fetch = size as u64;
+            }
             after = Some(last);
-            let records = self.fetch(&absent)?;
             report.bytes_pulled += records.iter().map(record_len).sum::<u64>();
             let (fetched, mut bad) = decode_records(records);
             // A fetched record must be one of the facts asked for: anything else fails the
