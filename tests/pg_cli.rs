@@ -140,6 +140,35 @@ fn serve_on_postgres_syncs_both_ways_with_a_sqlite_node() {
     drop(server);
 }
 
+/// `serve` as a role that may only read (no `--read-only`): it starts and serves pulls
+/// as it did before the warm-up of its first push, which such a role cannot run.
+#[test]
+fn serve_as_a_role_that_may_only_read_starts_and_serves_pulls() {
+    let Some(db) = pg::db() else { return };
+    let url = db.url.as_str();
+    ok(url, &["init"], b"");
+    ok(
+        url,
+        &["add", r#"{"type":"Shop","fields":{"name":"hub"}}"#],
+        b"",
+    );
+    let role = format!("reader_{}", db.name);
+    db.psql(&format!(
+        "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA public TO {role};
+         GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"
+    ));
+    let reader = url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    assert_ne!(reader, url);
+    let server = common::process::Server::start(Path::new(&reader));
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("node.db");
+    let node_url = node.to_str().unwrap();
+    ok(node_url, &["init"], b"");
+    ok(node_url, &["sync", "--pull", &server.url], b"");
+    assert_eq!(ok(node_url, &["export"], b"").lines().count(), 1);
+    drop(server);
+}
+
 /// `precedent --db URL ARGS..` with libpq's variables `env` set (and the others cleared,
 /// as for every test command).
 fn with_env(url: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {

@@ -253,6 +253,42 @@ fn warming_a_store_leaves_nothing_behind_and_the_next_writes_go_on() {
     read_only.warm().unwrap();
 }
 
+/// A `COPY` that PostgreSQL refuses as it begins (here a role that may only read) fails
+/// its write, and the statements after it, on whatever connection, get their own answers:
+/// the driver leaves a stray answer on such a connection, which is therefore closed, not
+/// given back to the pool (the next read failed with "unexpected message from server").
+#[test]
+fn a_copy_refused_as_it_begins_leaves_no_stray_answer_behind() {
+    let Some(db) = pg::db() else { return };
+    let owner = open(&db);
+    let root = fact("T.Root", 1, &[]);
+    owner.insert(&root).unwrap();
+    let role = format!("reader_{}", db.name);
+    db.psql(&format!(
+        "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA public TO {role};
+         GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"
+    ));
+    let url = db
+        .url
+        .replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    assert_ne!(url, db.url);
+    let reader = Store::open_with(&url, StoreOptions::default()).unwrap();
+    let err = reader.warm().unwrap_err();
+    assert!(err.to_string().contains("permission denied"), "{err}");
+    assert_eq!(reader.max_seq().unwrap(), 1);
+    assert_eq!(reader.max_seq().unwrap(), 1);
+    // A batch long enough for the `COPY`s, refused the same way.
+    let many: Vec<_> = (0..300)
+        .map(|i| fact("T.Child", 10 + i, &[root.hash()]))
+        .collect();
+    let err = reader.insert_batch(many).unwrap_err();
+    assert!(err.to_string().contains("permission denied"), "{err}");
+    for _ in 0..3 {
+        assert_eq!(reader.max_seq().unwrap(), 1);
+        assert!(reader.get(&root.hash()).unwrap().is_some());
+    }
+}
+
 #[test]
 fn a_type_id_seen_only_by_a_rolled_back_writer_is_not_remembered() {
     let Some(db) = pg::db() else { return };

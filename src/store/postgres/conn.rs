@@ -22,6 +22,12 @@ pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 pub(crate) struct PgConn {
     pub(crate) client: Client,
     statements: HashMap<String, Statement>,
+    /// A `COPY` failed as it began (refused by a permission, a lock timeout): the driver
+    /// then leaves a stray `ReadyForQuery` on the connection, which the next statement
+    /// would take for its own answer ("unexpected message from server", or the answers
+    /// of the statements after it shifted by one). Such a connection is closed, never
+    /// given back to the pool.
+    pub(crate) broken: bool,
 }
 
 /// Statements kept prepared per connection; past it the cache starts again.
@@ -32,6 +38,22 @@ impl PgConn {
         PgConn {
             client,
             statements: HashMap::new(),
+            broken: false,
+        }
+    }
+
+    /// Begins `COPY ... FROM STDIN` of `statement`; if it fails as it begins, the
+    /// connection is marked broken (see [`PgConn::broken`]).
+    fn copy_in(
+        &mut self,
+        statement: &Statement,
+    ) -> std::result::Result<postgres::CopyInWriter<'_>, postgres::Error> {
+        match self.client.copy_in(statement) {
+            Ok(sink) => Ok(sink),
+            Err(e) => {
+                self.broken = true;
+                Err(e)
+            }
         }
     }
 
@@ -246,7 +268,7 @@ fn copy_all(
     use postgres::binary_copy::BinaryCopyInWriter;
     let facts = conn.prepared(COPY_FACTS, None, None, reprepares)?;
     run.with_columns(|c| {
-        let sink = conn.client.copy_in(&facts).map_err(fail)?;
+        let sink = conn.copy_in(&facts).map_err(fail)?;
         let mut w = BinaryCopyInWriter::new(sink, &FACT_TYPES);
         for i in 0..c.seq.len() {
             w.write(&[&c.seq[i], &c.hash[i], &c.type_id[i], &c.bytes[i]])
@@ -281,7 +303,7 @@ fn copy_edge_rows<'a>(
         return Ok(());
     }
     let edges = conn.prepared(COPY_EDGES, None, None, reprepares)?;
-    let sink = conn.client.copy_in(&edges).map_err(fail)?;
+    let sink = conn.copy_in(&edges).map_err(fail)?;
     let mut w = BinaryCopyInWriter::new(sink, &EDGE_TYPES);
     for i in 0..n {
         w.write(&row(i)).map_err(fail)?;
@@ -440,6 +462,13 @@ impl<'a> Tx<'a> {
         })?;
         self.send_begin(&mut conn, None)?;
         let conn = conn.as_mut().expect("present until drop");
+        if conn.broken {
+            // Its answers would no longer match its statements: the transaction is over.
+            return Err(Error::Backend(BackendError::new(
+                BackendErrorKind::Other,
+                "postgres: the connection was closed after a COPY that failed as it began;                  the transaction is rolled back",
+            )));
+        }
         self.statements.set(self.statements.get() + 1);
         self.write_ahead_rows(conn)?;
         self.fresh.set(false);
@@ -499,7 +528,7 @@ impl<'a> Tx<'a> {
         let reprepares = &self.backend.shared.reprepares;
         self.with(|c| {
             let statement = c.prepared(COPY_FACTS, None, None, reprepares)?;
-            let sink = c.client.copy_in(&statement).map_err(backend)?;
+            let sink = c.copy_in(&statement).map_err(backend)?;
             let mut sink = FactSink {
                 writer: Some(BinaryCopyInWriter::new(sink, &FACT_TYPES)),
                 failed: None,
@@ -531,7 +560,7 @@ impl<'a> Tx<'a> {
                 [(COPY_FACTS, &FACT_TYPES), (COPY_EDGES, &EDGE_TYPES)];
             for (sql, types) in copies {
                 let statement = c.prepared(sql, None, None, reprepares)?;
-                let sink = c.client.copy_in(&statement).map_err(backend)?;
+                let sink = c.copy_in(&statement).map_err(backend)?;
                 BinaryCopyInWriter::new(sink, types)
                     .finish()
                     .map_err(backend)?;
@@ -633,6 +662,10 @@ impl Drop for Tx<'_> {
         let Some(mut conn) = self.conn.get_mut().take() else {
             return;
         };
+        if conn.broken {
+            // Closed: the server rolls the transaction back.
+            return;
+        }
         if self.open && !self.unbegun.get() && conn.client.batch_execute("ROLLBACK").is_err() {
             return;
         }

@@ -172,8 +172,12 @@ impl Server {
         let (store, store_id) = tokio::task::spawn_blocking(move || -> Result<_> {
             let store = Store::open_with(&db, options)?;
             let id = store.store_id()?;
-            // The first push then costs what the others do (PostgreSQL's caches).
-            store.warm()?;
+            // The first push then costs what the others do (PostgreSQL's caches). Only a
+            // head start: a database this server may not write to (a role without the
+            // right, a replica) still serves reads, as it did.
+            if let Err(e) = store.warm() {
+                tracing::debug!("warming the store for its first push: {e}");
+            }
             Ok((Arc::new(store), id))
         })
         .await
