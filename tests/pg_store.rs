@@ -289,6 +289,41 @@ fn a_copy_refused_as_it_begins_leaves_no_stray_answer_behind() {
     }
 }
 
+/// A `COPY` that waits past the busy timeout for a lock on the fact table fails as busy,
+/// and so does what its transaction tries after it: a caller retries it, as it retries
+/// any busy write, on a connection of its own.
+#[test]
+fn a_copy_that_waits_out_the_busy_timeout_stays_busy_for_its_transaction() {
+    let Some(db) = pg::db() else { return };
+    let store = open_with(
+        &db,
+        StoreOptions {
+            busy_timeout: Duration::from_millis(200),
+            ..StoreOptions::default()
+        },
+    );
+    let root = fact("T.Root", 1, &[]);
+    store.insert(&root).unwrap();
+    let mut holder = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
+    let mut lock = holder.transaction().unwrap();
+    lock.batch_execute("LOCK TABLE fact IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let many: Vec<_> = (0..300)
+        .map(|i| fact("T.Child", 10 + i, &[root.hash()]))
+        .collect();
+    let after = store.write(|w| {
+        let err = w.insert_batch(many.clone()).unwrap_err();
+        assert!(err.is_busy(), "{err}");
+        w.savepoint(|_| Ok(()))
+    });
+    let err = after.unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    lock.rollback().unwrap();
+    // Retried once the lock is gone, it goes through.
+    assert_eq!(store.insert_batch(many).unwrap().inserted, 300);
+    assert_eq!(store.max_seq().unwrap(), 301);
+}
+
 #[test]
 fn a_type_id_seen_only_by_a_rolled_back_writer_is_not_remembered() {
     let Some(db) = pg::db() else { return };
@@ -510,8 +545,8 @@ fn two_opens_at_once_migrate_once_under_repeatable_read() {
     );
 }
 
-/// An open that finds another process migrating waits for that migration however long
-/// it runs, not only the busy timeout, and then opens the migrated database (it failed
+/// An open that finds another process migrating waits for that migration up to 15
+/// minutes, not only the busy timeout, and then opens the migrated database (it failed
 /// as busy after the busy timeout).
 #[test]
 fn an_open_waits_for_a_migration_longer_than_the_busy_timeout() {

@@ -1107,7 +1107,7 @@ fn padded(t: &str, root: &precedent::Fact, n: i64) -> Vec<precedent::Fact> {
 }
 
 /// A proxy that closes idle connections (as load balancers and NAT gateways do, here
-/// after 300 ms) cuts every long poll of a follower with nothing to pull. Such a cut says
+/// after 1.2 s) cuts every long poll of a follower with nothing to pull. Such a cut says
 /// nothing of what the link carries: the follower asks again at once without waiting,
 /// at the same page size, and its rounds succeed. Before, each cut halved the page, down
 /// to one fact, and then failed the round.
@@ -1118,7 +1118,7 @@ fn a_follower_behind_a_proxy_that_cuts_idle_connections_keeps_its_page_size() {
     let root = fact("Root", 0, &[]);
     a.store().insert(&root).unwrap();
     let server = a.serve();
-    let proxy = IdleCutProxy::start(server.addr(), Duration::from_millis(300));
+    let proxy = IdleCutProxy::start(server.addr(), Duration::from_millis(1200));
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
     let (url, db, stop2, errors2) = (proxy.url(), b.db.clone(), stop.clone(), errors.clone());
@@ -1141,7 +1141,7 @@ fn a_follower_behind_a_proxy_that_cuts_idle_connections_keeps_its_page_size() {
             .unwrap();
     });
     // Idle long polls, each cut by the proxy.
-    wait_until(|| proxy.cuts() >= 8);
+    wait_until(|| proxy.cuts() >= 4);
     let f = fact("Live", 1, &[root.hash()]);
     a.store().insert(&f).unwrap();
     let sb = b.store();
@@ -1149,7 +1149,7 @@ fn a_follower_behind_a_proxy_that_cuts_idle_connections_keeps_its_page_size() {
     stop.store(true, Ordering::Relaxed);
     follower.join().unwrap();
     let limits = proxy.limits();
-    assert!(limits.len() > 8, "{limits:?}");
+    assert!(limits.len() > 4, "{limits:?}");
     assert!(
         limits.iter().all(|&l| l == limits[0]),
         "the pull size shrank: {limits:?}"

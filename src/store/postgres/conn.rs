@@ -27,7 +27,9 @@ pub(crate) struct PgConn {
     /// would take for its own answer ("unexpected message from server", or the answers
     /// of the statements after it shifted by one). Such a connection is closed, never
     /// given back to the pool.
-    pub(crate) broken: bool,
+    /// The kind of the `COPY`'s failure (busy for a lock timeout), which the statements
+    /// refused after it keep, so that a caller retries what it would have retried.
+    pub(crate) broken: Option<BackendErrorKind>,
 }
 
 /// Statements kept prepared per connection; past it the cache starts again.
@@ -38,7 +40,7 @@ impl PgConn {
         PgConn {
             client,
             statements: HashMap::new(),
-            broken: false,
+            broken: None,
         }
     }
 
@@ -51,7 +53,7 @@ impl PgConn {
         match self.client.copy_in(statement) {
             Ok(sink) => Ok(sink),
             Err(e) => {
-                self.broken = true;
+                self.broken = Some(super::errors::describe(&e).0);
                 Err(e)
             }
         }
@@ -462,11 +464,12 @@ impl<'a> Tx<'a> {
         })?;
         self.send_begin(&mut conn, None)?;
         let conn = conn.as_mut().expect("present until drop");
-        if conn.broken {
+        if let Some(kind) = conn.broken {
             // Its answers would no longer match its statements: the transaction is over.
             return Err(Error::Backend(BackendError::new(
-                BackendErrorKind::Other,
-                "postgres: the connection was closed after a COPY that failed as it began;                  the transaction is rolled back",
+                kind,
+                "postgres: the connection was closed after a COPY that failed as it began; \
+                 the transaction is rolled back",
             )));
         }
         self.statements.set(self.statements.get() + 1);
@@ -662,7 +665,7 @@ impl Drop for Tx<'_> {
         let Some(mut conn) = self.conn.get_mut().take() else {
             return;
         };
-        if conn.broken {
+        if conn.broken.is_some() {
             // Closed: the server rolls the transaction back.
             return;
         }

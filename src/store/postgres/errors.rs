@@ -29,7 +29,7 @@ pub(crate) fn is_lost(e: &postgres::Error) -> bool {
 }
 
 /// What went wrong, and its kind.
-fn describe(e: &postgres::Error) -> (BackendErrorKind, String) {
+pub(crate) fn describe(e: &postgres::Error) -> (BackendErrorKind, String) {
     if let Some(db) = e.as_db_error() {
         let code = db.code().code();
         let kind = if BUSY.contains(&code) {

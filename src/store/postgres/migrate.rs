@@ -25,6 +25,9 @@ pub const PG_SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 /// The advisory lock migrations run under ("prec" "migr").
 const MIGRATE_LOCK: i64 = 0x7072_6563_6d69_6772;
 
+/// How long an open waits for another process's migration before it fails as busy.
+const MIGRATION_WAIT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
 /// The version recorded in the database; 0 for an empty one.
 fn version(client: &mut impl GenericClient) -> Result<u32> {
     let exists: bool = client
@@ -72,16 +75,21 @@ pub(super) fn migrate(client: &mut Client, url: &str, read_only: bool) -> Result
         .isolation_level(postgres::IsolationLevel::ReadCommitted)
         .start()
         .map_err(backend)?;
-    // Another process's migration is waited for as long as it runs, not the busy
+    // Another process's migration is waited for up to MIGRATION_WAIT, not the busy
     // timeout: a server started beside one that is migrating a large database starts
-    // after it, where it failed as busy. The migration's own statements keep the busy
-    // timeout, so that it does not wait without end behind an older server's locks.
+    // after it, where it failed as busy. Bounded still: a migrating process whose host
+    // died keeps its session, and the lock, until TCP gives up on it (hours). The
+    // migration's own statements keep the busy timeout, so that it does not wait long
+    // behind an older server's locks.
     let bound: String = tx
         .query_one("SELECT current_setting('lock_timeout')", &[])
         .map_err(backend)?
         .get(0);
-    tx.batch_execute("SET LOCAL lock_timeout = 0")
-        .map_err(backend)?;
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = {}",
+        MIGRATION_WAIT.as_millis()
+    ))
+    .map_err(backend)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
         .map_err(backend)?;
     tx.execute("SELECT set_config('lock_timeout', $1, true)", &[&bound])

@@ -235,7 +235,7 @@ impl PostgresBackend {
     }
 
     pub(crate) fn give_back(&self, conn: conn::PgConn) {
-        if conn.client.is_closed() || conn.broken {
+        if conn.client.is_closed() || conn.broken.is_some() {
             return;
         }
         let mut idle = lock(&self.idle);

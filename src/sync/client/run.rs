@@ -22,6 +22,9 @@ const MAX_BODY: usize = 8 << 20;
 const LOCKED_NAP: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 /// Hashes asked for in one fetch.
 const FETCH: usize = 1000;
+/// A long poll cut before its answer after this long (or half its wait, if less) was cut
+/// for being idle, not for what the link carries (see the pull's `feed`).
+const IDLE_CUT: Duration = Duration::from_secs(1);
 /// Pushes after the first in one sync: each is needed only when pulling what the one
 /// before released on the server released held facts here in turn.
 const MORE_PUSHES: usize = 8;
@@ -356,13 +359,20 @@ impl Client {
                         // Cut short or timed out: the same page again, half as large (half
                         // of what it held, when its headers told). One fact that cannot
                         // get through is an error.
-                        // Cut while waiting for facts, before the server answered: a
-                        // proxy closing an idle connection, most likely, which says
-                        // nothing of what the link carries. The same page again at once,
-                        // at the same size, without waiting (a server with nothing new
-                        // answers an empty page, and the next round waits again). A cut
-                        // of that request too is the link's.
-                        Err(f) if f.cut && f.announced.is_none() && !wait.is_zero() => {
+                        // Cut while waiting for facts, before the server answered, after
+                        // a while: a proxy closing an idle connection, most likely, which
+                        // says nothing of what the link carries. The same page again at
+                        // once, at the same size, without waiting (a server with nothing
+                        // new answers an empty page, and the next round waits again). A
+                        // cut of that request too is the link's, and so is one that came
+                        // at once (a reset), which would otherwise make rounds back to
+                        // back as fast as the resets come.
+                        Err(f)
+                            if f.cut
+                                && f.announced.is_none()
+                                && !wait.is_zero()
+                                && started.elapsed() >= (wait / 2).min(IDLE_CUT) =>
+                        {
                             wait = Duration::ZERO;
                             continue;
                         }
