@@ -22,13 +22,13 @@ pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 pub(crate) struct PgConn {
     pub(crate) client: Client,
     statements: HashMap<String, Statement>,
-    /// A `COPY` failed as it began (refused by a permission, a lock timeout): the driver
-    /// then leaves a stray `ReadyForQuery` on the connection, which the next statement
-    /// would take for its own answer ("unexpected message from server", or the answers
-    /// of the statements after it shifted by one). Such a connection is closed, never
-    /// given back to the pool.
-    /// The kind of the `COPY`'s failure (busy for a lock timeout), which the statements
-    /// refused after it keep, so that a caller retries what it would have retried.
+    /// Set when a `COPY` failed as it began (refused by a permission, a lock timeout),
+    /// to that failure's kind. The driver then leaves a stray `ReadyForQuery` on the
+    /// connection, which the next statement would take for its own answer ("unexpected
+    /// message from server", or the answers of the statements after it shifted by one).
+    /// So the statements after it are refused with the same kind (busy for a lock
+    /// timeout, so that a caller retries what it would have retried), and the connection
+    /// is closed, never given back to the pool.
     pub(crate) broken: Option<BackendErrorKind>,
 }
 

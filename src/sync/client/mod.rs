@@ -35,8 +35,8 @@ pub struct ClientOptions {
     /// moment receives or sends again at most `batch` facts. Default 20,000.
     pub batch: u64,
     /// Longest wait for a connection, an answer to start, or a body to arrive. Default 60 s.
-    /// A pull page or push request that times out or is cut short is sent again at half its
-    /// size (`docs/protocol.md`, "Requests fitted to the link").
+    /// A pull page, push request or fetch that times out or is cut short is sent again at
+    /// half its size (`docs/protocol.md`, "Requests fitted to the link").
     pub timeout: Duration,
     /// Threads that decode and re-hash pulled pages (`precedent::ingest`), beside the
     /// reader thread that fetches them; 0, the default, is one per core.

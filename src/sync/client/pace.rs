@@ -1,10 +1,29 @@
 //! Request sizes fitted to the link (`docs/protocol.md`, "A sync, step by step"): a pull
-//! page, a push request or a fetch that the link cut short or let time out is sent again at half
-//! its size, down to one fact, and the size doubles back after requests that finish well
-//! within their time. So a link too slow for a default-sized request in the time allowed
-//! still moves the bookmarks, rather than sending the same request again and again.
+//! page, a push request or a fetch that the link cut short or let time out is sent again
+//! at half its size ([`halved`]), down to one fact, and the size doubles back
+//! ([`doubled`]) after full requests that finish well within their time ([`quick`]). So
+//! a link too slow for a default-sized request in the time allowed still moves the
+//! bookmarks, rather than sending the same request again and again.
+
+use std::time::Duration;
 
 use crate::error::Error;
+
+/// The size of a request sent again after one of `n` failed: half, at least one.
+pub(super) fn halved(n: u64) -> u64 {
+    (n / 2).max(1)
+}
+
+/// Whether a request that took `took` finished well within the `allowed` time (under a
+/// quarter of it), so that the next of its kind may be twice as large.
+pub(super) fn quick(took: Duration, allowed: Duration) -> bool {
+    took < allowed / 4
+}
+
+/// Twice `n`, at most `most`.
+pub(super) fn doubled(n: u64, most: u64) -> u64 {
+    n.saturating_mul(2).min(most)
+}
 
 /// The sizes one client has learned, kept across its syncs (a follower's rounds, and a
 /// caller's retries); `u64::MAX` is "as large as the round allows".

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::known::{Known, Ranges};
+use super::pace::{doubled, halved, quick};
 use super::{Client, Direction, Phase, Progress, SyncOptions, SyncReport};
 use crate::error::{Error, Result};
 use crate::fact::Fact;
@@ -378,7 +379,7 @@ impl Client {
                         }
                         Err(f) if f.cut => {
                             let was = f.announced.map_or(limit, |n| n.min(limit));
-                            size = (was / 2).max(1);
+                            size = halved(was);
                             self.pace().pull = size;
                             if was > 1 {
                                 continue;
@@ -395,9 +396,9 @@ impl Client {
                     // twice as large.
                     if size < page
                         && p.records.len() as u64 >= limit
-                        && started.elapsed() < self.timeout / 4
+                        && quick(started.elapsed(), self.timeout)
                     {
-                        size = size.saturating_mul(2).min(page);
+                        size = doubled(size, page);
                         self.pace().pull = size;
                     }
                     wait = Duration::ZERO;
@@ -605,7 +606,7 @@ impl Client {
                 // Cut short or timed out: the same hashes again, half of them. One hash
                 // that cannot get through is an error.
                 Err(f) if f.cut && absent.len() > 1 => {
-                    size = (absent.len() / 2).max(1);
+                    size = halved(absent.len() as u64) as usize;
                     self.pace().fetch = size as u64;
                     continue;
                 }
@@ -613,8 +614,8 @@ impl Client {
             };
             // A full request in under a quarter of the time allowed: the next may ask for
             // twice as many.
-            if size < r.fetch && absent.len() >= size && started.elapsed() < self.timeout / 4 {
-                size = (size * 2).min(r.fetch);
+            if size < r.fetch && absent.len() >= size && quick(started.elapsed(), self.timeout) {
+                size = doubled(size as u64, r.fetch as u64) as usize;
                 self.pace().fetch = size as u64;
             }
             after = Some(last);
@@ -709,15 +710,15 @@ impl Client {
                 Err(f)
                     if body.count > 1 && matches!(f.error, Error::Remote { status: 413, .. }) =>
                 {
-                    cap = (body.count / 2).max(1);
-                    cap_bytes = (body.bytes.len() / 2).max(1);
+                    cap = halved(body.count);
+                    cap_bytes = halved(body.bytes.len() as u64) as usize;
                     (most, most_bytes) = (cap, cap_bytes);
                     continue;
                 }
                 // Cut short or timed out: the same facts again, in requests half as large.
                 Err(f) if f.cut && body.count > 1 => {
-                    cap = (body.count / 2).max(1);
-                    cap_bytes = (body.bytes.len() / 2).max(1);
+                    cap = halved(body.count);
+                    cap_bytes = halved(body.bytes.len() as u64) as usize;
                     self.set_push_pace(cap, cap_bytes);
                     continue;
                 }
@@ -732,10 +733,10 @@ impl Client {
             // the time allowed: the next may be twice as large.
             if body.last < max
                 && (cap < most || cap_bytes < most_bytes)
-                && started.elapsed() < r.push_time / 4
+                && quick(started.elapsed(), r.push_time)
             {
-                cap = cap.saturating_mul(2).min(most);
-                cap_bytes = cap_bytes.saturating_mul(2).min(most_bytes);
+                cap = doubled(cap, most);
+                cap_bytes = doubled(cap_bytes as u64, most_bytes as u64) as usize;
                 self.set_push_pace(cap, cap_bytes);
             }
             // Pushed to a database that replaced the one the bookmark was written for: the
