@@ -22,9 +22,10 @@
 //!
 //! The floor, in the same run, `RUNS` times each on a fresh database of our schema: the
 //! same rows written by a plain client, a transaction per 1,000 facts, by `COPY` and by
-//! our server's `INSERT` statement, and the pending query's statement alone (see
-//! `floor`): PostgreSQL's own cost of what ours asks of it. Beside it, `COPY` of our fact
-//! table alone (no edges), to show what the edge table costs.
+//! our server's `INSERT` statement (each fact's one edge in its own row, schema version
+//! 7), and the pending query's statement alone, on the fact rows (see `floor`):
+//! PostgreSQL's own cost of what ours asks of it. Beside it, `COPY` of our fact rows
+//! alone (no edge in them), to show what the edges cost.
 //!
 //! The least floor, in the same run, `RUNS` times each on a fresh database: the same
 //! facts' hashes and canonical bytes written the same way by `COPY` into one table
@@ -221,12 +222,13 @@ fn ours(n: usize) -> Json {
            "readFactBytes": bytes, "serverPeakMB": server_peak})
 }
 
-/// A fact's row for the floors (seq, hash, type id, bytes) and its edge, if any.
-type FloorRow = (i64, Vec<u8>, i64, Vec<u8>, Option<[i64; 5]>);
+/// A fact's row for the floors: seq, hash, type id, bytes, and its first edge (schema
+/// version 7: `p1`, `p1_role`, `p1_type`), `None`s for a fact with no predecessor.
+type FloorRow = (i64, Vec<u8>, i64, Vec<u8>, [Option<i64>; 3]);
 
 /// The floors' rows of `all`, computed before the clock starts: seq, hash, type id, bytes;
-/// an edge per fact but the store's: predecessor, role, successor type, successor,
-/// predecessor type (its successor hash is the fact's).
+/// an edge per fact but the store's, in the fact's row: predecessor, role, predecessor
+/// type. No fact here has a second edge, so none is a row of `edge_more`.
 fn floor_rows(all: &[Fact]) -> Vec<FloorRow> {
     let seq_of: std::collections::HashMap<FactHash, i64> = all
         .iter()
@@ -242,10 +244,15 @@ fn floor_rows(all: &[Fact]) -> Vec<FloorRow> {
                 "Bench.Order" => 2,
                 _ => 3,
             };
-            let edge = f.predecessor_hashes().first().map(|p| {
-                let (role, pty) = if ty == 2 { (1, 1) } else { (2, 2) };
-                [seq_of[p], role, ty, seq, pty]
-            });
+            let preds = f.predecessor_hashes();
+            assert!(preds.len() <= 1, "one edge at most, in the fact's row");
+            let edge = match preds.first() {
+                Some(p) => {
+                    let (role, pty) = if ty == 2 { (1, 1) } else { (2, 2) };
+                    [Some(seq_of[p]), Some(role), Some(pty)]
+                }
+                None => [None; 3],
+            };
             (
                 seq,
                 f.hash().0.to_vec(),
@@ -289,13 +296,15 @@ fn copy_in<'a, const K: usize>(
 }
 
 /// The floor of one run, on a fresh database with our schema (`precedent init`): the same
-/// rows (facts and edges, [`floor_rows`]) written by a plain client ([`save_chunks`]);
-/// with `COPY ... BINARY` (`copy`), with our server's own statement (`insert`: one
-/// `INSERT ... SELECT FROM unnest(...)` for the facts and their edges), or by `COPY` of
-/// the fact rows alone (`fact`: our fact table, its three indexes and its foreign key on
-/// the type, without the edge table and its two indexes, to show what the edges cost). Then, but for `fact`, the pending
-/// query's statement, prepared, run twice by the same client (`readHashMs`, the better of
-/// the two): PostgreSQL's own cost of the answer ours gives.
+/// rows (facts, each with its edge in its row, [`floor_rows`]) written by a plain client
+/// ([`save_chunks`]); with `COPY ... BINARY` of the fact rows with their `p1` columns
+/// (`copy`), with our server's own statement (`insert`: one `INSERT ... SELECT FROM
+/// unnest(...)` for the fact rows and the rows of `edge_more`, none here), or by `COPY` of
+/// the fact rows without their edge (`fact`: `p1` left NULL, so our fact table and its
+/// three indexes, without an entry in the partial index `fact_by_first`, to show what the
+/// edges cost). Then, but for `fact`, the pending query's statement on the fact rows,
+/// prepared, run twice by the same client (`readHashMs`, the better of the two):
+/// PostgreSQL's own cost of the answer ours gives.
 fn floor(n: usize, how: &str) -> Json {
     use postgres::types::Type;
     let db = database();
@@ -312,26 +321,26 @@ fn floor(n: usize, how: &str) -> Json {
     .unwrap();
     let (store, all) = facts(n);
     let rows = floor_rows(&all);
+    // Our server's statement (schema version 7): the fact rows with their first edges,
+    // and the other edges as rows of `edge_more` ($5 to $10: none in this workload).
     let insert = c
         .prepare(
             "WITH f AS (
-                 INSERT INTO fact (seq, hash, type_id, bytes)
-                 SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[])
+                 INSERT INTO fact (seq, hash, type_id, bytes, p1, p1_role, p1_type)
+                 SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[],
+                                      $11::bigint[], $12::bigint[], $13::bigint[])
                  ON CONFLICT (hash) DO NOTHING RETURNING 1),
              e AS (
-                 INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
+                 INSERT INTO edge_more (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
                  SELECT * FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bytea[]))
              SELECT count(*) FROM f",
         )
         .unwrap();
     let rate = save_chunks(&mut c, &rows, |tx, chunk| {
-        let edges: Vec<([i64; 5], &[u8])> = chunk
-            .iter()
-            .filter_map(|r| r.4.map(|e| (e, &r.1[..])))
-            .collect();
         if how == "insert" {
-            let col = |k: usize| edges.iter().map(|e| e.0[k]).collect::<Vec<i64>>();
-            let succ_hash: Vec<&[u8]> = edges.iter().map(|e| e.1).collect();
+            let p1 = |k: usize| chunk.iter().map(|r| r.4[k]).collect::<Vec<Option<i64>>>();
+            let no_edge: Vec<i64> = Vec::new();
+            let no_hash: Vec<&[u8]> = Vec::new();
             let seqs: Vec<i64> = chunk.iter().map(|r| r.0).collect();
             let hashes: Vec<&[u8]> = chunk.iter().map(|r| &r.1[..]).collect();
             let types: Vec<i64> = chunk.iter().map(|r| r.2).collect();
@@ -344,17 +353,47 @@ fn floor(n: usize, how: &str) -> Json {
                         &hashes,
                         &types,
                         &bytes,
-                        &col(0),
-                        &col(1),
-                        &col(2),
-                        &col(3),
-                        &col(4),
-                        &succ_hash,
+                        &no_edge,
+                        &no_edge,
+                        &no_edge,
+                        &no_edge,
+                        &no_edge,
+                        &no_hash,
+                        &p1(0),
+                        &p1(1),
+                        &p1(2),
                     ],
                 )
                 .unwrap()
                 .get(0);
             assert_eq!(n as usize, chunk.len());
+            return;
+        }
+        if how == "copy" {
+            copy_in(
+                tx,
+                "COPY fact (seq, hash, type_id, bytes, p1, p1_role, p1_type) FROM STDIN BINARY",
+                &[
+                    Type::INT8,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::INT8,
+                    Type::INT8,
+                ],
+                chunk.iter().map(|r| {
+                    [
+                        &r.0 as _,
+                        &r.1 as _,
+                        &r.2 as _,
+                        &r.3 as _,
+                        &r.4[0] as _,
+                        &r.4[1] as _,
+                        &r.4[2] as _,
+                    ]
+                }),
+            );
             return;
         }
         copy_in(
@@ -365,38 +404,20 @@ fn floor(n: usize, how: &str) -> Json {
                 .iter()
                 .map(|r| [&r.0 as _, &r.1 as _, &r.2 as _, &r.3 as _]),
         );
-        if how == "copy" {
-            copy_in(
-                tx,
-                "COPY edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash) FROM STDIN BINARY",
-                &[
-                    Type::INT8,
-                    Type::INT8,
-                    Type::INT8,
-                    Type::INT8,
-                    Type::INT8,
-                    Type::BYTEA,
-                ],
-                edges.iter().map(|(e, h)| {
-                    [
-                        &e[0] as _, &e[1] as _, &e[2] as _, &e[3] as _, &e[4] as _, h as _,
-                    ]
-                }),
-            );
-        }
     });
     if how == "fact" {
         return json!({"how": how, "saveFactsPerSec": rate});
     }
-    // The statement ours runs for `select hash(o)` (as its log shows), parameters bound:
-    // the hashes from the edges (schema version 4).
+    // The pending statement for `select hash(o)` on our layout (schema version 7), by
+    // hand: the orders and their shipments found by the fact rows' first edges (the
+    // partial index `fact_by_first`), the hashes from the order rows; ids as literals.
     let q = c
         .prepare(
-            "SELECT e1.successor, e1.successor_hash, NULL::bytea FROM fact s CROSS JOIN edge e1
-             WHERE s.hash = $1 AND s.type_id = 1 AND e1.predecessor = s.seq AND e1.role_id = 1
-             AND e1.successor_type = 2 AND NOT EXISTS (SELECT 1 FROM edge e2
-             WHERE e2.predecessor = e1.successor AND e2.role_id = 2 AND e2.successor_type = 3)
-             ORDER BY e1.successor",
+            "SELECT o.seq, o.hash, NULL::bytea FROM fact s CROSS JOIN fact o
+             WHERE s.hash = $1 AND s.type_id = 1 AND o.p1 = s.seq AND o.p1_role = 1
+             AND o.type_id = 2 AND NOT EXISTS (SELECT 1 FROM fact sh
+             WHERE sh.p1 = o.seq AND sh.p1_role = 2 AND sh.type_id = 3)
+             ORDER BY o.seq",
         )
         .unwrap();
     let mut best = f64::INFINITY;

@@ -6,7 +6,8 @@
 //!    them shipped (1,008,000 facts by default), written with `insert_batch` in chunks of
 //!    50,000. "Pending orders of one store" on 200 random shops, ours (`Store::query`)
 //!    against the floor (the same question written by hand, `FLOOR_ONE`, prepared once),
-//!    first right after the load (the tables not yet analysed: what the first minutes
+//!    each shop asked of both in turn, ours first on every other shop (the first to ask
+//!    reads the shop's pages into shared buffers), first right after the load (the tables not yet analysed: what the first minutes
 //!    after a bulk load get) and again after `ANALYZE`. Target: our median under 5 ms.
 //! 2. **Claim latency against history.** One claim of one input at a time, timed, from a
 //!    queue with no history and from one with `HISTORY` completed inputs, each after
@@ -17,8 +18,9 @@
 //!    child processes of this bench, two threads each, claim 100 at a time and complete
 //!    the batch in one transaction (`Store::complete_batch`, writing a `Shop.Shipped`
 //!    fact per input). The floor runs the same in two processes by hand: a claim with
-//!    `FOR UPDATE SKIP LOCKED`, and a completion writing the fact rows, their edges and
-//!    their release numbers under the same advisory lock, and deleting the queue rows.
+//!    `FOR UPDATE SKIP LOCKED`, and a completion writing the fact rows, each with its one
+//!    edge in its own row (`p1`, `p1_role`, `p1_type`, schema version 7), and their
+//!    release numbers under the same advisory lock, and deleting the queue rows.
 //!    Target: at least 10,000 inputs/s.
 //! 4. **Memory.** Peak resident memory (`VmHWM`) of this process and of every child.
 //!    Target: each under 300 MB.
@@ -82,14 +84,16 @@ match o: Shop.Order where o->shop = s
   and not exists (match sh: Shop.Shipment where sh->order = o)
 select hash(o)";
 
-/// The floor: the question asked by hand, as `benches/query.rs` asks it of SQLite.
+/// The floor: the question asked by hand, as `benches/query.rs` asks it of SQLite, of
+/// the fact rows alone: an order's shop and a shipment's order are each its fact's first
+/// (and only) edge, in the fact's row (schema version 7), found by the partial index
+/// `fact_by_first`.
 const FLOOR_ONE: &str = "SELECT o.hash FROM fact s
-  JOIN edge e ON e.predecessor = s.seq AND e.role_id = $2 AND e.successor_type = $3
-  JOIN fact o ON o.seq = e.successor
+  JOIN fact o ON o.p1 = s.seq AND o.p1_role = $2 AND o.type_id = $3
   WHERE s.hash = $1
     AND NOT EXISTS (
-      SELECT 1 FROM edge e2
-      WHERE e2.predecessor = e.successor AND e2.role_id = $4 AND e2.successor_type = $5)
+      SELECT 1 FROM fact sh
+      WHERE sh.p1 = o.seq AND sh.p1_role = $4 AND sh.type_id = $5)
   ORDER BY o.seq";
 
 /// A database for one phase: on the server of `PRECEDENT_BENCH_PG_URL` (a database of
@@ -209,13 +213,19 @@ fn query_phase(stores: usize, orders: usize) -> Json {
             assert_eq!(run_ours(h), run_floor(h), "ours and the floor agree");
         }
         let (mut ours_t, mut floor_t) = (Vec::new(), Vec::new());
-        for h in &picks {
-            let t = Instant::now();
-            run_ours(h);
-            ours_t.push(t.elapsed());
-            let t = Instant::now();
-            run_floor(h);
-            floor_t.push(t.elapsed());
+        // Each pick's first reader meets its pages cold (read from the OS into shared
+        // buffers) and the second finds them there: ours goes first on every other pick.
+        for (i, h) in picks.iter().enumerate() {
+            for ours_turn in [i % 2 == 0, i % 2 != 0] {
+                let t = Instant::now();
+                if ours_turn {
+                    run_ours(h);
+                    ours_t.push(t.elapsed());
+                } else {
+                    run_floor(h);
+                    floor_t.push(t.elapsed());
+                }
+            }
         }
         let results = run_ours(&picks[0]);
         let (ours_med, floor_med) = (
@@ -385,16 +395,13 @@ fn floor_worker(c: &mut Client, done: &AtomicU64) {
              RETURNING i.input, (SELECT hash FROM fact WHERE seq = i.input)",
         )
         .unwrap();
+    // A completion's one edge (to its order) in its own row: no `edge_more` row.
     let facts = c
         .prepare(
-            "INSERT INTO fact (seq, hash, type_id, bytes)
-             SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[])",
-        )
-        .unwrap();
-    let edges = c
-        .prepare(
-            "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
-             SELECT p, $2, $3, s, $4, h FROM unnest($1::bigint[], $5::bigint[], $6::bytea[]) AS u(p, s, h)",
+            "INSERT INTO fact (seq, hash, type_id, bytes, p1, p1_role, p1_type)
+             SELECT s, h, t, b, p, $6::bigint, $7::bigint
+             FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[], $5::bigint[])
+                 AS u(s, h, t, b, p)",
         )
         .unwrap();
     let delete = c
@@ -446,12 +453,10 @@ fn floor_worker(c: &mut Client, done: &AtomicU64) {
         let hashes: Vec<Vec<u8>> = made.iter().map(|f| f.hash().0.to_vec()).collect();
         let bytes: Vec<&[u8]> = made.iter().map(|f| f.canonical_bytes()).collect();
         let types = vec![t_shipped; made.len()];
-        tx.execute(&facts, &[&seqs, &hashes, &types, &bytes])
-            .unwrap();
         let inputs: Vec<i64> = claimed.iter().map(|(s, _)| *s).collect();
         tx.execute(
-            &edges,
-            &[&inputs, &r_order, &t_shipped, &t_order, &seqs, &hashes],
+            &facts,
+            &[&seqs, &hashes, &types, &bytes, &inputs, &r_order, &t_order],
         )
         .unwrap();
         tx.execute(&delete, &[&inputs]).unwrap();

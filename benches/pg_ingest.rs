@@ -9,9 +9,11 @@
 //!   hashed before the clock starts, written in batches with what a correct loader of the
 //!   schema ours writes (every migration of `schema/postgres/`, made by opening a store)
 //!   must do: per batch, one lookup of the
-//!   predecessors outside the batch (`hash = ANY`), the fact rows and the edge rows
-//!   (`COPY ... BINARY`, or `INSERT ... SELECT FROM unnest(...)`), one commit. The faster
-//!   is the floor.
+//!   predecessors outside the batch (`hash = ANY`), the fact rows, each with its first
+//!   edge in its own row (`p1`, `p1_role`, `p1_type`, schema version 7), and a row of
+//!   `edge_more` for each other edge (`COPY ... BINARY`, or `INSERT ... SELECT FROM
+//!   unnest(...)`), one commit; a role's partition of `edge_more` is created the first
+//!   time a batch has such an edge of that role. The faster is the floor.
 //! - `ours`: `Store::open_with(url)` and `insert_batch` of the same facts in the same
 //!   batches, each its own transaction.
 //! - `ours-reversed` (only when named in `PRECEDENT_BENCH_PHASES`): the same batches,
@@ -136,18 +138,24 @@ struct Floor {
     client: Client,
     names: [HashMap<String, i64>; 2],
     seq: i64,
+    /// The roles whose partition of `edge_more` exists.
+    partitions: HashSet<i64>,
 }
 
-/// A fact's row and edges, ready to write.
+/// Facts' rows and their other edges, ready to write.
 #[derive(Default)]
 struct Rows {
     seq: Vec<i64>,
     hash: Vec<Vec<u8>>,
     type_id: Vec<i64>,
     bytes: Vec<Vec<u8>>,
-    /// Edges: predecessor, role, successor type, successor, predecessor type.
+    /// Each fact's first edge (schema version 7): predecessor, role, predecessor type;
+    /// `None` for a fact with no predecessor.
+    p1: [Vec<Option<i64>>; 3],
+    /// The other edges, rows of `edge_more`: predecessor, role, successor type,
+    /// successor, predecessor type.
     edges: [Vec<i64>; 5],
-    /// Each edge's successor hash (schema version 5).
+    /// Each other edge's successor hash.
     edge_hash: Vec<Vec<u8>>,
 }
 
@@ -161,6 +169,7 @@ impl Floor {
             client,
             names: Default::default(),
             seq: 0,
+            partitions: HashSet::new(),
         }
     }
 
@@ -195,6 +204,20 @@ impl Floor {
                 .collect();
             ids.push((type_id, roles));
         }
+        // A fact's first edge goes in its row, the others in `edge_more`: the partition
+        // of each of their roles, created once, before the batch's transaction.
+        for (_, roles) in &ids {
+            for &role in roles.iter().skip(1) {
+                if self.partitions.insert(role) {
+                    self.client
+                        .batch_execute(&format!(
+                            "CREATE TABLE IF NOT EXISTS edge_more_{role} PARTITION OF edge_more \
+                             FOR VALUES IN ({role})"
+                        ))
+                        .expect("partition");
+                }
+            }
+        }
         let mut tx = self.client.transaction().expect("begin");
         // The predecessors outside the batch, looked up at once.
         let batch: HashSet<FactHash> = facts.iter().map(Fact::hash).collect();
@@ -222,8 +245,13 @@ impl Floor {
             self.seq += 1;
             let seq = self.seq;
             let preds = fact.predecessors().values().flat_map(|set| set.iter());
-            for (p, role_id) in preds.zip(roles) {
+            let mut first = [None; 3];
+            for (k, (p, role_id)) in preds.zip(roles).enumerate() {
                 let (pseq, ptype) = known[p];
+                if k == 0 {
+                    first = [Some(pseq), Some(role_id), Some(ptype)];
+                    continue;
+                }
                 for (col, v) in rows
                     .edges
                     .iter_mut()
@@ -232,6 +260,9 @@ impl Floor {
                     col.push(v);
                 }
                 rows.edge_hash.push(fact.hash().0.to_vec());
+            }
+            for (col, v) in rows.p1.iter_mut().zip(first) {
+                col.push(v);
             }
             known.insert(fact.hash(), (seq, type_id));
             rows.seq.push(seq);
@@ -249,25 +280,41 @@ impl Floor {
 
 fn copy(tx: &mut postgres::Transaction<'_>, rows: &Rows) {
     let sink = tx
-        .copy_in("COPY fact (seq, hash, type_id, bytes) FROM STDIN BINARY")
+        .copy_in("COPY fact (seq, hash, type_id, bytes, p1, p1_role, p1_type) FROM STDIN BINARY")
         .expect("copy fact");
-    let mut w = BinaryCopyInWriter::new(sink, &[Type::INT8, Type::BYTEA, Type::INT8, Type::BYTEA]);
-    for i in 0..rows.seq.len() {
+    let types = [
+        Type::INT8,
+        Type::BYTEA,
+        Type::INT8,
+        Type::BYTEA,
+        Type::INT8,
+        Type::INT8,
+        Type::INT8,
+    ];
+    let mut w = BinaryCopyInWriter::new(sink, &types);
+    let p1 = &rows.p1;
+    for (i, seq) in rows.seq.iter().enumerate() {
         w.write(&[
-            &rows.seq[i],
+            seq,
             &rows.hash[i],
             &rows.type_id[i],
             &rows.bytes[i],
+            &p1[0][i],
+            &p1[1][i],
+            &p1[2][i],
         ])
         .expect("copy row");
     }
     w.finish().expect("copy fact end");
+    if rows.edge_hash.is_empty() {
+        return;
+    }
     let sink = tx
         .copy_in(
-            "COPY edge (predecessor, role_id, successor_type, successor, predecessor_type, \
+            "COPY edge_more (predecessor, role_id, successor_type, successor, predecessor_type, \
              successor_hash) FROM STDIN BINARY",
         )
-        .expect("copy edge");
+        .expect("copy edge_more");
     let types = [
         Type::INT8,
         Type::INT8,
@@ -287,23 +334,36 @@ fn copy(tx: &mut postgres::Transaction<'_>, rows: &Rows) {
             &e[4][i],
             &rows.edge_hash[i],
         ])
-        .expect("copy edge row");
+        .expect("copy edge_more row");
     }
-    w.finish().expect("copy edge end");
+    w.finish().expect("copy edge_more end");
 }
 
 fn unnest(tx: &mut postgres::Transaction<'_>, rows: &Rows) {
+    let p1 = &rows.p1;
     tx.execute(
-        "INSERT INTO fact (seq, hash, type_id, bytes)
-         SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[])",
-        &[&rows.seq, &rows.hash, &rows.type_id, &rows.bytes],
+        "INSERT INTO fact (seq, hash, type_id, bytes, p1, p1_role, p1_type)
+         SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[],
+                              $5::bigint[], $6::bigint[], $7::bigint[])",
+        &[
+            &rows.seq,
+            &rows.hash,
+            &rows.type_id,
+            &rows.bytes,
+            &p1[0],
+            &p1[1],
+            &p1[2],
+        ],
     )
     .expect("insert facts");
+    if rows.edge_hash.is_empty() {
+        return;
+    }
     let e = &rows.edges;
     let mut args: Vec<&(dyn ToSql + Sync)> = e.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
     args.push(&rows.edge_hash);
     tx.execute(
-        "INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
+        "INSERT INTO edge_more (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
          SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bytea[])",
         &args,
     )

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::QueryError;
 use super::model::*;
-use super::sql::{self, After, Bind, Node, Param, Plan, Shape};
+use super::sql::{self, After, Bind, Node, Param, Plan, Shape, literal_ids};
 use super::value::{Number, SortKey, sort_key};
 use crate::error::Result;
 use crate::fact::{Fact, Value};
@@ -287,6 +287,8 @@ impl Reader<'_> {
         streamed: bool,
         mut f: impl FnMut(&Row<'_>) -> Result<()>,
     ) -> Result<()> {
+        let literal = literal_ids(sql, params);
+        let (sql, params) = literal.as_ref().map_or((sql, params), |(s, p)| (s, p));
         let args: Vec<Arg<'_>> = params.iter().map(Arg::from).collect();
         if streamed {
             self.0.query_streamed(sql, &args, &mut f)
@@ -297,6 +299,8 @@ impl Reader<'_> {
 
     /// The plan the database chooses for a compiled statement, one line per step.
     pub(crate) fn query_plan(&self, sql: &str, params: &[Sql]) -> Result<Vec<String>> {
+        let literal = literal_ids(sql, params);
+        let (sql, params) = literal.as_ref().map_or((sql, params), |(s, p)| (s, p));
         let args: Vec<Arg<'_>> = params.iter().map(Arg::from).collect();
         self.0.plan(sql, &args)
     }

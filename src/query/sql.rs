@@ -26,7 +26,7 @@ use super::model::*;
 use crate::fact::{Fact, Value};
 use crate::hash::FactHash;
 use crate::predicate::Number;
-use crate::store::Dialect;
+use crate::store::{Dialect, SqlValue};
 
 /// A parameter, bound when the statement runs. Type and role names are looked up then
 /// (an unknown name binds NULL, which matches nothing).
@@ -74,6 +74,78 @@ pub(crate) struct Plan {
     /// The hash of each of `labels` that the statement selects as NULL because it is
     /// known here (see `Known::fixed`).
     pub fixed: Vec<Option<FactHash>>,
+}
+
+/// What follows a PostgreSQL parameter (`$N`) that binds a type or role id: a comment,
+/// so the text is valid SQL as it is, which [`literal_ids`] replaces with the id.
+pub(crate) const ID_MARK: &str = "/*id*/";
+
+/// A compiled PostgreSQL statement with its type and role ids ([`ID_MARK`]) written into
+/// its text as literals (`NULL` for a name no fact uses), and the other parameters
+/// numbered again in their order; `None` when it has none.
+///
+/// A step of a walk reads the `edge` view, which is a fact's first edge in its own row
+/// and its other edges in `edge_more`, a table partitioned by role with a partition only
+/// for a role that has such an edge (schema version 7). With the role in the text, the
+/// planner leaves out the partitioned branch of a role that has none, so the step reads
+/// the fact rows alone, as fast as today's edge table (`docs/performance.md`, "The gate,
+/// measured"); bound as a parameter, a generic plan keeps an `Append` per step, about
+/// 10% slower. Which partitions exist is read by the planner from the catalog, so the
+/// plan never misses a partition made since: making one invalidates the cached plans
+/// that read the table.
+pub(crate) fn literal_ids(sql: &str, params: &[SqlValue]) -> Option<(String, Vec<SqlValue>)> {
+    if !sql.contains(ID_MARK) {
+        return None;
+    }
+    // Each `$N`: whether it is an id, in one pass over the text.
+    let bytes = sql.as_bytes();
+    let mut marked = vec![false; params.len()];
+    let mut at = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'$' {
+            let end = (i + 1..bytes.len())
+                .find(|&k| !bytes[k].is_ascii_digit())
+                .unwrap_or(bytes.len());
+            if end > i + 1 {
+                let n: usize = sql[i + 1..end].parse().ok()?;
+                let id = sql[end..].starts_with(ID_MARK);
+                if id {
+                    *marked.get_mut(n.checked_sub(1)?)? = true;
+                }
+                at.push((i, end, n, id));
+                i = end;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    let mut renumber = vec![0; params.len()];
+    let mut kept = Vec::new();
+    for (k, p) in params.iter().enumerate() {
+        if !marked[k] {
+            kept.push(p.clone());
+            renumber[k] = kept.len();
+        }
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut last = 0;
+    for (start, end, n, id) in at {
+        out.push_str(&sql[last..start]);
+        if id {
+            match params.get(n - 1)? {
+                SqlValue::Int(v) => out.push_str(&v.to_string()),
+                SqlValue::Null => out.push_str("NULL"),
+                _ => return None,
+            }
+            last = end + ID_MARK.len();
+        } else {
+            out.push_str(&format!("${}", renumber.get(n - 1)?));
+            last = end;
+        }
+    }
+    out.push_str(&sql[last..]);
+    Some((out, kept))
 }
 
 struct Compiler {
@@ -154,9 +226,18 @@ impl Compiler {
     /// every run would prepare the statement again (see `steady` in `watch/inverse.rs`).
     /// Compiled statements fix their join order and indexes themselves, so the plan is
     /// the same.
+    ///
+    /// On PostgreSQL a type or role id is marked ([`ID_MARK`]) to be written into the
+    /// statement's text when it runs ([`literal_ids`]): the planner then reads only the
+    /// `edge_more` partitions of the roles that have one (schema version 7).
     fn param(&mut self, p: Param) -> String {
+        let id = matches!(p, Param::Type(_) | Param::Role(_));
         self.params.push(p);
-        self.dialect.steady_param(self.params.len())
+        let text = self.dialect.steady_param(self.params.len());
+        match self.dialect {
+            Dialect::Postgres if id => format!("{text}{ID_MARK}"),
+            _ => text,
+        }
     }
 
     fn alias(&mut self, prefix: &str) -> String {
@@ -857,4 +938,39 @@ pub(crate) fn pg_number_key(n: Number) -> Vec<u8> {
     out.extend_from_slice(&key.to_be_bytes());
     out.extend_from_slice(&((rest + 32768) as u16).to_be_bytes());
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literal_ids_writes_ids_into_the_text_and_numbers_the_rest_again() {
+        let sql = format!(
+            "SELECT $1 FROM edge e WHERE e.role_id = $2{ID_MARK} AND e.successor_type = \
+             $3{ID_MARK} AND e.predecessor = $4 AND $2{ID_MARK} > 0 AND x = $10 AND t = $11{ID_MARK}"
+        );
+        let mut params = vec![
+            SqlValue::Blob(vec![1]),
+            SqlValue::Int(7),
+            SqlValue::Null,
+            SqlValue::Int(40),
+        ];
+        params.extend((5..=10).map(SqlValue::Int));
+        params.push(SqlValue::Int(12));
+        let (text, kept) = literal_ids(&sql, &params).unwrap();
+        assert_eq!(
+            text,
+            "SELECT $1 FROM edge e WHERE e.role_id = 7 AND e.successor_type = NULL AND \
+             e.predecessor = $2 AND 7 > 0 AND x = $8 AND t = 12"
+        );
+        let mut want = vec![SqlValue::Blob(vec![1]), SqlValue::Int(40)];
+        want.extend((5..=10).map(SqlValue::Int));
+        assert_eq!(kept, want);
+        // No id: nothing to do; an id bound to something else than an integer: left as
+        // it is (the text is valid SQL with its marks).
+        assert!(literal_ids("SELECT $1", &[SqlValue::Int(1)]).is_none());
+        let text = format!("SELECT $1{ID_MARK}");
+        assert!(literal_ids(&text, &[SqlValue::Text("x".into())]).is_none());
+    }
 }

@@ -889,7 +889,7 @@ impl Ix<'_> {
             return Ok(p.clone());
         }
         let parents: Vec<(i64, i64)> = self.tx.query_vec(
-            "SELECT predecessor, predecessor_type FROM edge WHERE successor = ?1",
+            "SELECT predecessor, predecessor_type FROM edge WHERE successor = ?1 AND predecessor IS NOT NULL",
             args![s],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;

@@ -195,7 +195,8 @@ impl Store {
                    down(seq) AS (SELECT seq FROM root
                        UNION SELECT e.successor FROM edge e JOIN down ON e.predecessor = down.seq),
                    up(seq) AS (SELECT seq FROM down
-                       UNION SELECT e.predecessor FROM edge e JOIN up ON e.successor = up.seq)
+                       UNION SELECT e.predecessor FROM edge e JOIN up ON e.successor = up.seq
+                       WHERE e.predecessor IS NOT NULL)
                  SELECT seq FROM up WHERE seq > ?2 AND seq <= ?3 ORDER BY seq LIMIT ?4"
                 ),
                 args![&roots_json, after, upto, limit as i64],

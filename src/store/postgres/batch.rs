@@ -18,6 +18,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::conn::EdgeColumns;
 use super::read::hash_at;
 use super::write::{Mark, PgWrite};
 use crate::dag::{self, BuildFactHasher};
@@ -81,47 +82,69 @@ impl Run {
 
     /// The statement of [`Run::write_rows`].
     pub(super) const WRITE_ROWS: &'static str = "WITH f AS (
-             INSERT INTO fact (seq, hash, type_id, bytes)
-             SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[])
+             INSERT INTO fact (seq, hash, type_id, bytes, p1, p1_role, p1_type)
+             SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bigint[], $4::bytea[],
+                                  $11::bigint[], $12::bigint[], $13::bigint[])
              ON CONFLICT (hash) DO NOTHING RETURNING 1),
          e AS (
-             INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
+             INSERT INTO edge_more (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
              SELECT * FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bytea[]))
          SELECT count(*) FROM f";
 
     /// Writes the run's facts and edges in one statement ([`Run::WRITE_ROWS`], run by
-    /// `query` with its parameters); returns how many facts were new.
+    /// `query` with its parameters, after it made the partitions of the `edge_more` rows
+    /// it is given); returns how many facts were new.
     pub(super) fn write_rows(
         &self,
-        query: impl FnOnce(super::conn::Params<'_>) -> Result<i64>,
+        query: impl FnOnce(&EdgeColumns, super::conn::Params<'_>) -> Result<i64>,
     ) -> Result<i64> {
         self.with_columns(|c| {
-            query(&[
-                c.seq,
-                &c.hash,
-                c.type_id,
-                &c.bytes,
-                c.pred,
-                c.role,
-                &c.succ_type,
-                &c.succ,
-                c.pred_type,
-                &c.succ_hash,
-            ])
+            query(
+                &c.more,
+                &[
+                    c.seq,
+                    &c.hash,
+                    c.type_id,
+                    &c.bytes,
+                    &c.more.pred,
+                    &c.more.role,
+                    &c.more.succ_type,
+                    &c.more.succ,
+                    &c.more.pred_type,
+                    &c.more_hash(),
+                    &c.p1,
+                    &c.p1_role,
+                    &c.p1_type,
+                ],
+            )
         })
     }
 
-    /// Calls `f` with the run's rows as columns: the fact rows, then the edge rows.
+    /// Calls `f` with the run's rows as columns: the fact rows (each with its first edge),
+    /// then the other edges (schema version 7).
     pub(super) fn with_columns<T>(&self, f: impl FnOnce(&Columns<'_>) -> Result<T>) -> Result<T> {
         let hashes: Vec<FactHash> = self.facts.iter().map(|f| f.hash()).collect();
         let hash: Vec<&[u8]> = hashes.iter().map(|h| &h.0[..]).collect();
         let bytes: Vec<&[u8]> = self.facts.iter().map(|f| f.canonical_bytes()).collect();
-        let (mut succ, mut succ_type, mut succ_hash) = (Vec::new(), Vec::new(), Vec::new());
+        let n = self.facts.len();
+        let (mut p1, mut p1_role, mut p1_type) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        let mut more = EdgeColumns::default();
         let mut start = 0;
         for (i, &end) in self.ends.iter().enumerate() {
-            succ.extend(std::iter::repeat_n(self.seq[i], end - start));
-            succ_type.extend(std::iter::repeat_n(self.type_id[i], end - start));
-            succ_hash.extend(std::iter::repeat_n(hash[i], end - start));
+            let first = (start < end).then_some(start);
+            p1.push(first.map(|k| self.pred[k]));
+            p1_role.push(first.map(|k| self.role[k]));
+            p1_type.push(first.map(|k| self.pred_type[k]));
+            for k in (start + 1).min(end)..end {
+                more.push(
+                    (self.pred[k], self.role[k], self.pred_type[k]),
+                    (self.seq[i], self.type_id[i], hashes[i]),
+                );
+            }
             start = end;
         }
         f(&Columns {
@@ -129,12 +152,10 @@ impl Run {
             hash,
             type_id: &self.type_id,
             bytes,
-            pred: &self.pred,
-            role: &self.role,
-            succ_type,
-            succ,
-            pred_type: &self.pred_type,
-            succ_hash,
+            p1,
+            p1_role,
+            p1_type,
+            more,
         })
     }
 
@@ -150,20 +171,25 @@ impl Run {
     }
 }
 
-/// A run's rows as columns ([`Run::with_columns`]): `fact (seq, hash, type_id, bytes)`
-/// and `edge (predecessor, role_id, successor_type, successor, predecessor_type,
-/// successor_hash)`.
+/// A run's rows as columns ([`Run::with_columns`]): `fact (seq, hash, type_id, bytes,
+/// p1, p1_role, p1_type)`, a fact's first edge in its own row, and its other edges as
+/// `edge_more` rows.
 pub(super) struct Columns<'r> {
     pub(super) seq: &'r Vec<i64>,
     pub(super) hash: Vec<&'r [u8]>,
     pub(super) type_id: &'r Vec<i64>,
     pub(super) bytes: Vec<&'r [u8]>,
-    pub(super) pred: &'r Vec<i64>,
-    pub(super) role: &'r Vec<i64>,
-    pub(super) succ_type: Vec<i64>,
-    pub(super) succ: Vec<i64>,
-    pub(super) pred_type: &'r Vec<i64>,
-    pub(super) succ_hash: Vec<&'r [u8]>,
+    pub(super) p1: Vec<Option<i64>>,
+    pub(super) p1_role: Vec<Option<i64>>,
+    pub(super) p1_type: Vec<Option<i64>>,
+    pub(super) more: EdgeColumns,
+}
+
+impl Columns<'_> {
+    /// The other edges' successor hashes, as the statement binds them.
+    pub(super) fn more_hash(&self) -> Vec<&[u8]> {
+        self.more.succ_hash.iter().map(|h| &h.0[..]).collect()
+    }
 }
 
 /// The batch's view of the released facts: those released before it, as read at its

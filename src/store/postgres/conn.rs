@@ -200,7 +200,8 @@ fn run_rows(
     reprepares: &std::sync::atomic::AtomicU64,
 ) -> Result<i64> {
     let s = conn.prepared(Run::WRITE_ROWS, None, None, reprepares)?;
-    run.write_rows(|params| {
+    run.write_rows(|more, params| {
+        more_partitions(conn, more)?;
         let rows = conn.client.query(&s, params).map_err(backend)?;
         Ok(rows[0].get(0))
     })
@@ -213,13 +214,23 @@ fn run_rows(
 const COPY_FROM: usize = 256;
 
 /// `COPY` of a run's fact rows.
-const COPY_FACTS: &str = "COPY fact (seq, hash, type_id, bytes) FROM STDIN (FORMAT binary)";
-/// `COPY` of a run's edge rows.
-const COPY_EDGES: &str = "COPY edge (predecessor, role_id, successor_type, successor, \
+/// `COPY` of a run's fact rows, each with its first edge (schema version 7).
+const COPY_FACTS: &str =
+    "COPY fact (seq, hash, type_id, bytes, p1, p1_role, p1_type) FROM STDIN (FORMAT binary)";
+/// `COPY` of a run's other edge rows.
+const COPY_EDGES: &str = "COPY edge_more (predecessor, role_id, successor_type, successor, \
      predecessor_type, successor_hash) FROM STDIN (FORMAT binary)";
 
 /// The column types of [`COPY_FACTS`]' rows.
-const FACT_TYPES: [Type; 4] = [Type::INT8, Type::BYTEA, Type::INT8, Type::BYTEA];
+const FACT_TYPES: [Type; 7] = [
+    Type::INT8,
+    Type::BYTEA,
+    Type::INT8,
+    Type::BYTEA,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+];
 /// The column types of [`COPY_EDGES`]' rows.
 const EDGE_TYPES: [Type; 6] = [
     Type::INT8,
@@ -273,25 +284,52 @@ fn copy_all(
         let sink = conn.copy_in(&facts).map_err(fail)?;
         let mut w = BinaryCopyInWriter::new(sink, &FACT_TYPES);
         for i in 0..c.seq.len() {
-            w.write(&[&c.seq[i], &c.hash[i], &c.type_id[i], &c.bytes[i]])
-                .map_err(fail)?;
+            w.write(&[
+                &c.seq[i],
+                &c.hash[i],
+                &c.type_id[i],
+                &c.bytes[i],
+                &c.p1[i],
+                &c.p1_role[i],
+                &c.p1_type[i],
+            ])
+            .map_err(fail)?;
         }
         let written = w.finish().map_err(fail)?;
-        copy_edge_rows(conn, reprepares, c.pred.len(), fail, |i| {
+        let more = &c.more;
+        let hashes = c.more_hash();
+        more_partitions(conn, more)?;
+        copy_edge_rows(conn, reprepares, more.pred.len(), fail, |i| {
             [
-                &c.pred[i],
-                &c.role[i],
-                &c.succ_type[i],
-                &c.succ[i],
-                &c.pred_type[i],
-                &c.succ_hash[i],
+                &more.pred[i],
+                &more.role[i],
+                &more.succ_type[i],
+                &more.succ[i],
+                &more.pred_type[i],
+                &hashes[i],
             ]
         })?;
         Ok(written as i64)
     })
 }
 
-/// `COPY` of `n` edge rows, the `i`th given by `row(i)` (predecessor, role id,
+/// Creates the `edge_more` partition of each role of `more` that has none yet
+/// (`pq_edge_more_partitions`, schema version 7), in the transaction that writes them:
+/// nothing is sent when `more` is empty, as it is for facts of one predecessor.
+pub(super) fn more_partitions(conn: &mut PgConn, more: &EdgeColumns) -> Result<()> {
+    if more.role.is_empty() {
+        return Ok(());
+    }
+    let mut roles = more.role.clone();
+    roles.sort_unstable();
+    roles.dedup();
+    conn.client
+        .execute("SELECT pq_edge_more_partitions($1)", &[&roles])
+        .map_err(backend)?;
+    Ok(())
+}
+
+/// `COPY` of `n` edge rows of `edge_more`, the `i`th given by `row(i)` (predecessor, role id,
 /// successor type, successor, predecessor type, successor hash); nothing when `n` is 0.
 fn copy_edge_rows<'a>(
     conn: &mut PgConn,
@@ -322,22 +360,31 @@ pub(crate) struct FactSink<'c> {
 }
 
 impl FactSink<'_> {
-    /// Sends one fact row: seq, hash, type id, canonical bytes. An error is kept for the
-    /// end of the `COPY`, so that the caller goes on taking its facts.
-    pub(crate) fn row(&mut self, seq: i64, hash: &[u8], type_id: i64, bytes: &[u8]) {
+    /// Sends one fact row: seq, hash, type id, canonical bytes, and its first edge
+    /// (predecessor seq, role id, predecessor type). An error is kept for the end of the
+    /// `COPY`, so that the caller goes on taking its facts.
+    pub(crate) fn row(
+        &mut self,
+        seq: i64,
+        hash: &[u8],
+        type_id: i64,
+        bytes: &[u8],
+        first: Option<(i64, i64, i64)>,
+    ) {
         if self.failed.is_some() {
             return;
         }
+        let (p1, p1_role, p1_type) = (first.map(|f| f.0), first.map(|f| f.1), first.map(|f| f.2));
         if let Some(w) = self.writer.as_mut()
-            && let Err(e) = w.write(&[&seq, &hash, &type_id, &bytes])
+            && let Err(e) = w.write(&[&seq, &hash, &type_id, &bytes, &p1, &p1_role, &p1_type])
         {
             self.failed = Some(e);
         }
     }
 }
 
-/// A run's edge rows as columns: predecessor, role id, successor type, successor,
-/// predecessor type, successor hash.
+/// Edge rows of `edge_more` (a fact's edges but its first) as columns: predecessor, role
+/// id, successor type, successor, predecessor type, successor hash.
 #[derive(Default)]
 pub(crate) struct EdgeColumns {
     pub(crate) pred: Vec<i64>,
@@ -346,6 +393,19 @@ pub(crate) struct EdgeColumns {
     pub(crate) succ: Vec<i64>,
     pub(crate) pred_type: Vec<i64>,
     pub(crate) succ_hash: Vec<crate::hash::FactHash>,
+}
+
+impl EdgeColumns {
+    /// Adds an edge: (predecessor seq, role id, predecessor type) of the successor (seq,
+    /// type id, hash).
+    pub(crate) fn push(&mut self, pred: (i64, i64, i64), succ: (i64, i64, crate::hash::FactHash)) {
+        self.pred.push(pred.0);
+        self.role.push(pred.1);
+        self.pred_type.push(pred.2);
+        self.succ.push(succ.0);
+        self.succ_type.push(succ.1);
+        self.succ_hash.push(succ.2);
+    }
 }
 
 /// The error of every statement after a fact written ahead was found stored already.
@@ -575,11 +635,13 @@ impl<'a> Tx<'a> {
         })
     }
 
-    /// Writes edge rows by `COPY` (none: nothing is sent).
+    /// Writes `edge_more` rows by `COPY`, their roles' partitions made first (none:
+    /// nothing is sent).
     pub(crate) fn copy_edges(&self, e: &EdgeColumns) -> Result<()> {
         let reprepares = &self.backend.shared.reprepares;
         let hashes: Vec<&[u8]> = e.succ_hash.iter().map(|h| &h.0[..]).collect();
         self.with(|c| {
+            more_partitions(c, e)?;
             copy_edge_rows(c, reprepares, e.pred.len(), &backend, |i| {
                 [
                     &e.pred[i],

@@ -17,6 +17,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/postgres/004_queue_priority.sql"),
     include_str!("../../../schema/postgres/005_edge_successor_hash.sql"),
     include_str!("../../../schema/postgres/006_fact_type_unchecked.sql"),
+    include_str!("../../../schema/postgres/007_first_edge_in_fact.sql"),
 ];
 
 /// The schema version of the PostgreSQL backend this binary writes.

@@ -123,8 +123,9 @@ impl ReadTx for Tx<'_> {
     fn walk(&self, seq: i64, up: bool) -> Result<Vec<FactHash>> {
         let sql = if up {
             "WITH RECURSIVE up(seq) AS (
-                 SELECT predecessor FROM edge WHERE successor = $1
-                 UNION SELECT e.predecessor FROM edge e JOIN up ON e.successor = up.seq)
+                 SELECT predecessor FROM edge WHERE successor = $1 AND predecessor IS NOT NULL
+                 UNION SELECT e.predecessor FROM edge e JOIN up ON e.successor = up.seq
+                     WHERE e.predecessor IS NOT NULL)
              SELECT f.hash FROM up JOIN fact f ON f.seq = up.seq ORDER BY f.seq"
         } else {
             "WITH RECURSIVE down(seq) AS (
@@ -249,7 +250,8 @@ impl ReadTx for Tx<'_> {
         }
         stats.held = self.held_count()?;
         let row = self.rows(
-            "SELECT (SELECT count(*) FROM edge), pg_database_size(current_database())",
+            "SELECT (SELECT count(p1) FROM fact) + (SELECT count(*) FROM edge_more),
+                    pg_database_size(current_database())",
             &[],
         )?;
         stats.edges = row[0].get::<_, i64>(0) as u64;

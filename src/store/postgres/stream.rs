@@ -90,7 +90,8 @@ impl PgWrite<'_> {
     }
 
     /// Sends the facts of `facts` that need no look-up to the fact table by `COPY` as
-    /// they come, then their edges by another; keeps every fact in `all`. A fact whose
+    /// they come (each with its first edge), then their other edges by another; keeps
+    /// every fact in `all`. A fact whose
     /// type or role has no id yet ends the `COPY`: its names are made and a new `COPY`
     /// goes on from it, up to [`SEGMENTS`] of them. Returns the count of what it wrote
     /// and the facts left waiting, or `None` if a fact it wrote was stored already.
@@ -164,14 +165,16 @@ impl PgWrite<'_> {
                         Next::Write(type_id) => type_id,
                     };
                     seq += 1;
-                    sink.row(seq, &hash.0, type_id, fact.canonical_bytes());
-                    for &(pseq, role, ptype) in &preds {
-                        edges.pred.push(pseq);
-                        edges.role.push(role);
-                        edges.succ_type.push(type_id);
-                        edges.succ.push(seq);
-                        edges.pred_type.push(ptype);
-                        edges.succ_hash.push(hash);
+                    // The first edge in the fact's row, the others in `edge_more`.
+                    sink.row(
+                        seq,
+                        &hash.0,
+                        type_id,
+                        fact.canonical_bytes(),
+                        preds.first().copied(),
+                    );
+                    for &pred in preds.iter().skip(1) {
+                        edges.push(pred, (seq, type_id, hash));
                     }
                     mine.insert(hash, (seq, type_id));
                 }

@@ -123,8 +123,9 @@ impl Tx<'_> {
         }
         // Edge rows are read from their successor's fact: one whose successor is no fact
         // is found only here (a query walking it would answer with a fact not stored).
+        // A fact's first edge is in its own row (schema version 7): only the others can be.
         let row = self.rows(
-            "SELECT count(*), min(successor) FROM edge e
+            "SELECT count(*), min(successor) FROM edge_more e
              WHERE NOT EXISTS (SELECT 1 FROM fact f WHERE f.seq = e.successor)",
             &[],
         )?;

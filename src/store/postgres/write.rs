@@ -494,23 +494,38 @@ impl<'a> PgWrite<'a> {
         type_id: i64,
         (pred_seqs, roles, pred_types): (&[i64], &[i64], &[i64]),
     ) -> Result<bool> {
+        // The first edge in the fact's row, the others in `edge_more` (schema version 7),
+        // whose partitions for their roles are made first.
+        let more = |v: &[i64]| v.get(1..).unwrap_or_default().to_vec();
+        let (more_seqs, more_roles, more_types) = (more(pred_seqs), more(roles), more(pred_types));
+        if !more_roles.is_empty() {
+            let mut distinct = more_roles.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            self.tx
+                .rows("SELECT pq_edge_more_partitions($1)", &[&distinct])?;
+        }
         let added: i64 = self.tx.rows(
             "WITH f AS (
-                 INSERT INTO fact (seq, hash, type_id, bytes) VALUES ($1, $2, $3, $4)
+                 INSERT INTO fact (seq, hash, type_id, bytes, p1, p1_role, p1_type)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
                  ON CONFLICT (hash) DO NOTHING RETURNING seq),
              e AS (
-                 INSERT INTO edge (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
+                 INSERT INTO edge_more (predecessor, role_id, successor_type, successor, predecessor_type, successor_hash)
                  SELECT u.p, u.r, $3, f.seq, u.t, $2
-                 FROM f, unnest($5::bigint[], $6::bigint[], $7::bigint[]) AS u(p, r, t))
+                 FROM f, unnest($8::bigint[], $9::bigint[], $10::bigint[]) AS u(p, r, t))
              SELECT count(*) FROM f",
             &[
                 &seq,
                 &&fact.hash().0[..],
                 &type_id,
                 &fact.canonical_bytes(),
-                &pred_seqs,
-                &roles,
-                &pred_types,
+                &pred_seqs.first(),
+                &roles.first(),
+                &pred_types.first(),
+                &more_seqs,
+                &more_roles,
+                &more_types,
             ],
         )?[0]
             .get(0);
