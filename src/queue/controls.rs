@@ -81,8 +81,9 @@ pub fn parse_rfc3339_ms(text: &str) -> std::result::Result<i64, String> {
     }
     let offset_min = match &text[at..] {
         "Z" | "z" => 0,
-        o if o.len() == 6 && matches!(&o[..1], "+" | "-") && &o[3..4] == ":" => {
-            let sign = if &o[..1] == "-" { -1 } else { 1 };
+        // Bytes, not text slices: a multi-byte character there is refused, not a panic.
+        o if o.len() == 6 && matches!(o.as_bytes()[0], b'+' | b'-') && o.as_bytes()[3] == b':' => {
+            let sign = if o.as_bytes()[0] == b'-' { -1 } else { 1 };
             sign * (num(at + 1, at + 3)? * 60 + num(at + 4, at + 6)?)
         }
         _ => return Err(bad()),
@@ -269,6 +270,10 @@ mod tests {
             "2026-13-01T00:00:00Z",
             "yesterday",
             "2026-12-01T11:28:28.Z",
+            // A zone of six bytes that a multi-byte character starts or crosses.
+            "2026-12-01T11:28:28\u{e9}1234",
+            "2026-12-01T11:28:28+\u{e9}:000",
+            "2026-12-01T11:28:28+0\u{e9}000",
         ] {
             assert!(parse_rfc3339_ms(bad).is_err(), "{bad}");
         }
