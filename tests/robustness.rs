@@ -1706,5 +1706,24 @@ fn an_unreadable_input_file_is_invalid_input_not_a_database_error() {
         assert_fails(&out, 1, &want);
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
     }
+    // Standard input that is not UTF-8 text, for the commands that read it as text.
+    let stdin_cases: [(&[&str], &[u8], &str); 2] = [
+        (
+            &["add"],
+            b"{\"type\":\"\xff\"}",
+            "cannot read the fact from stdin: stream did not contain valid UTF-8",
+        ),
+        (
+            &["query", "-f", "-"],
+            b"\xff",
+            "cannot read the query from stdin: stream did not contain valid UTF-8",
+        ),
+    ];
+    for (args, input, want) in stdin_cases {
+        let out = common::bin::run(&path, args, input);
+        let err = stderr(&out);
+        assert_fails(&out, 1, want);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
     assert_eq!(std::fs::read(&path).unwrap(), before);
 }

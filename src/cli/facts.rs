@@ -2,7 +2,6 @@
 
 use std::io::{self, Read, Write};
 
-use anyhow::Context;
 use precedent::json::JsonValue;
 use precedent::store::{PG_SCHEMA_VERSION, SCHEMA_VERSION};
 use precedent::{Error, Fact, FactHash, InsertOutcome, json};
@@ -38,7 +37,7 @@ pub fn add(g: &Global, text: Option<String>) -> anyhow::Result<Status> {
             let mut t = String::new();
             io::stdin()
                 .read_to_string(&mut t)
-                .context("cannot read the fact from stdin")?;
+                .map_err(|e| super::unreadable("cannot read the fact from stdin".into(), &e))?;
             t
         }
     };

@@ -4,7 +4,6 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use precedent::json::JsonValue;
 use precedent::query::{Change, Givens, Projected, Query, QueryCheck, QueryRow};
 use precedent::{Error, Store};
@@ -51,9 +50,8 @@ pub struct WatchArgs {
 fn load(args: &QueryArgs, store: &Store) -> anyhow::Result<(Query, Givens)> {
     let text = match (&args.text, &args.file) {
         (Some(t), None) => t.clone(),
-        (_, Some(f)) if f.as_os_str() == "-" => {
-            std::io::read_to_string(std::io::stdin()).context("cannot read the query from stdin")?
-        }
+        (_, Some(f)) if f.as_os_str() == "-" => std::io::read_to_string(std::io::stdin())
+            .map_err(|e| super::unreadable("cannot read the query from stdin".into(), &e))?,
         (_, Some(f)) => std::fs::read_to_string(f).map_err(|e| {
             super::unreadable(format!("cannot read the query from {}", f.display()), &e)
         })?,
