@@ -457,3 +457,37 @@ conformance! {
         s.declare_queue(&q).unwrap();
     }
 }
+
+conformance! {
+    /// An expired lease no longer counts as live, so a claim may hand out its place: its
+    /// worker's late heartbeat must not bring it back over `max_leased`. While the limit
+    /// has room, or before the lease expires, the heartbeat extends it as ever.
+    fn extending_an_expired_lease_keeps_max_leased(b: Backend) {
+        let clock = ManualClock::starting_at(T0);
+        let s = store_with(b, &clock);
+        let mut q = spec();
+        q.max_leased = Some(1);
+        q.lease_ms = 1_000;
+        q.ordering = Ordering::None;
+        s.declare_queue(&q).unwrap();
+        s.insert_batch(vec![order(1), order(2)]).unwrap();
+        let first = s.claim("ship", 1).unwrap().pop().unwrap();
+        // Live: extended.
+        clock.advance(500);
+        let first = s.extend(&first).unwrap();
+        assert_eq!(first.expires_at_ms, T0 + 1_500);
+        // Expired, and its place handed to another input.
+        clock.advance(1_500);
+        let second = s.claim("ship", 1).unwrap().pop().unwrap();
+        assert_ne!(second.input.hash(), first.input.hash());
+        let err = s.extend(&first).unwrap_err();
+        assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+        assert_eq!(s.queue_stats("ship").unwrap().leased, 1);
+        // Expired with room left: extended.
+        ship(&s, &second);
+        let again = s.extend(&first).unwrap();
+        assert_eq!(again.expires_at_ms, T0 + 3_000);
+        assert_eq!(s.queue_stats("ship").unwrap().leased, 1);
+        ship(&s, &again);
+    }
+}

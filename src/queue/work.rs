@@ -925,12 +925,39 @@ impl Store {
     /// Extends a lease by the queue's lease duration from now (a heartbeat).
     ///
     /// # Errors
-    /// [`Error::LeaseLost`] if it expired and another worker claimed the input.
+    /// [`Error::LeaseLost`] if it expired and another worker claimed the input, or if it
+    /// expired on a queue with `max_leased` whose limit is reached: an expired lease
+    /// does not count as live, so others may have been handed its place.
     pub fn extend(&self, lease: &Lease) -> Result<Lease> {
         let (_, spec) = self.def(&lease.queue)?;
         self.write(|w| {
+            let now = w.now_ms();
+            // The limit's count first: on PostgreSQL it locks the queue's row, which a
+            // claim locks before the item rows, so the two take their locks in one order.
+            let room = match spec.max_leased {
+                Some(_) => {
+                    let live_only = QueueSpec {
+                        rate: None,
+                        ..spec.clone()
+                    };
+                    Some(allowance(w, &live_only, lease.queue_id, 1, now)?.0 > 0)
+                }
+                None => None,
+            };
             w.check_lease(lease)?;
-            let expires = w.now_ms() + spec.lease_ms;
+            if room == Some(false) {
+                let live = w.sql().exists(
+                    "SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2 AND claimable_at > ?3",
+                    args![lease.queue_id, lease.seq, now],
+                )?;
+                if !live {
+                    return Err(Error::LeaseLost {
+                        queue: lease.queue.clone(),
+                        input: lease.input.hash(),
+                    });
+                }
+            }
+            let expires = now + spec.lease_ms;
             w.sql().execute(
                 "UPDATE queue_item SET claimable_at = ?3 WHERE queue_id = ?1 AND input = ?2",
                 args![lease.queue_id, lease.seq, expires],
