@@ -14,7 +14,7 @@ use super::{Failure, Global, Status, exit};
 /// What `query` and `watch` share: the query and its givens.
 #[derive(clap::Args, Debug)]
 pub struct QueryArgs {
-    /// The query in the text syntax (docs/queries.md); `-` or absent with `-f` reads a file.
+    /// The query in the text syntax (docs/queries.md); leave it out to read it with `-f`.
     #[arg(value_name = "TEXT", required_unless_present = "file")]
     pub text: Option<String>,
     /// Read the query from FILE (`-` for stdin).
