@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::pg::{self, PgDb};
 use common::{chain, fact};
 use precedent::query::{Givens, Projected, Query};
-use precedent::store::{Dialect, PG_SCHEMA_VERSION};
+use precedent::store::{Dialect, PG_SCHEMA_VERSION, SqlExt};
 use precedent::{Error, FactHash, InsertOutcome, Store, StoreOptions};
 
 fn open(db: &PgDb) -> Store {
@@ -1432,4 +1432,97 @@ fn a_cached_query_finds_an_edge_of_a_role_that_gained_its_partition_since() {
         plan.contains("edge_more"),
         "the role's partition is read now:\n{plan}"
     );
+}
+
+/// A role's first second edge makes its `edge_more` partition while a read transaction
+/// that read the `edge` view is still open: attaching a partition does not wait for
+/// readers (creating one `PARTITION OF` would lock the table until the reader ends, and
+/// the write would fail as busy, with every later reader queued behind it).
+#[test]
+fn making_a_partition_does_not_wait_for_an_open_reader() {
+    let Some(db) = pg::db() else { return };
+    let reader = open(&db);
+    let writer = open_with(
+        &db,
+        StoreOptions {
+            busy_timeout: Duration::from_secs(2),
+            ..StoreOptions::default()
+        },
+    );
+    let named = |t: &str, n: i64| precedent::Fact::builder(t).field("n", n).build().unwrap();
+    let (a, b) = (named("Pg.A", 1), named("Pg.B", 1));
+    writer.insert_batch(vec![a.clone(), b.clone()]).unwrap();
+    let both = precedent::Fact::builder("Pg.Both")
+        .predecessor("first", a.hash())
+        .predecessor("second", b.hash())
+        .build()
+        .unwrap();
+    let (read_tx, read_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let reader = &reader;
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            reader
+                .read(|r| {
+                    let n: i64 = r.query_one(
+                        "SELECT count(*) FROM edge WHERE predecessor IS NOT NULL",
+                        precedent::args![],
+                        |row| row.get(0),
+                    )?;
+                    read_tx.send(n).unwrap();
+                    // Open until the write is done, or long past its busy timeout.
+                    let _ = done_rx.recv_timeout(Duration::from_secs(10));
+                    Ok(())
+                })
+                .unwrap();
+        });
+        assert_eq!(read_rx.recv().unwrap(), 0);
+        // A write that waited for the reader would fail as busy after 2 s.
+        let written = writer.insert(&both);
+        done_tx.send(()).unwrap();
+        written.unwrap();
+    });
+    assert_eq!(db.psql("SELECT count(*) FROM edge_more").trim(), "1");
+}
+
+/// `verify` reports an edge kept both in its fact's row and in `edge_more` (a query
+/// would answer its successor twice), and the schema refuses a first edge that is not
+/// whole (its three columns are read together).
+#[test]
+fn verify_finds_a_first_edge_kept_twice_and_the_schema_refuses_half_a_first_edge() {
+    let Some(db) = pg::db() else { return };
+    let store = open(&db);
+    let shop = precedent::Fact::builder("Pg.Shop")
+        .field("n", 1)
+        .build()
+        .unwrap();
+    let order = precedent::Fact::builder("Pg.Order")
+        .predecessor("shop", shop.hash())
+        .build()
+        .unwrap();
+    store.insert_batch(vec![shop, order]).unwrap();
+    assert!(store.verify(|_| {}).unwrap().is_clean());
+    db.psql(
+        "SELECT pq_edge_more_partitions(ARRAY[p1_role]) FROM fact WHERE p1 IS NOT NULL;
+         INSERT INTO edge_more SELECT * FROM edge WHERE predecessor IS NOT NULL",
+    );
+    let problems: Vec<String> = store
+        .verify(|_| {})
+        .unwrap()
+        .problems
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("repeat their fact's first edge")),
+        "{problems:?}"
+    );
+    let mut c = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
+    let refused = c
+        .batch_execute("UPDATE fact SET p1_type = NULL WHERE p1 IS NOT NULL")
+        .unwrap_err();
+    let constraint = refused.as_db_error().and_then(|e| e.constraint());
+    assert_eq!(constraint, Some("fact_first_edge_whole"), "{refused}");
 }

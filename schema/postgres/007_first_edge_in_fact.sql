@@ -19,6 +19,10 @@ FROM (SELECT DISTINCT ON (successor) successor, role_id, predecessor, predecesso
       FROM edge ORDER BY successor, role_id, predecessor) e
 WHERE f.seq = e.successor;
 
+-- A first edge is whole or absent: `verify` reads its three columns together.
+ALTER TABLE fact ADD CONSTRAINT fact_first_edge_whole
+    CHECK ((p1 IS NULL) = (p1_role IS NULL) AND (p1 IS NULL) = (p1_type IS NULL));
+
 CREATE TABLE edge_more (
     predecessor      BIGINT NOT NULL,
     role_id          BIGINT NOT NULL,
@@ -30,18 +34,35 @@ CREATE TABLE edge_more (
 ) PARTITION BY LIST (role_id);
 CREATE INDEX edge_more_by_successor ON edge_more (successor, role_id, predecessor_type, predecessor);
 
--- Creates the partition of edge_more of each role of `roles` that has none yet, in the
--- caller's transaction (a writer calls it before its first edge_more row of a role).
-CREATE FUNCTION pq_edge_more_partitions(roles BIGINT[]) RETURNS void
+-- Makes the partition of edge_more of each role of `roles` that has none yet, in the
+-- caller's transaction, and returns the roles it made (a writer calls it before its first
+-- edge_more row of a role). A partition is made as a table of its own in edge_more's
+-- schema, then attached: ATTACH PARTITION locks edge_more in SHARE UPDATE EXCLUSIVE mode,
+-- which its readers and writers do not wait for nor make wait, where CREATE TABLE ...
+-- PARTITION OF would lock it ACCESS EXCLUSIVE until the caller commits, behind every
+-- open transaction that read the edge view. Attaching makes the partition's primary key
+-- and index from edge_more's.
+CREATE FUNCTION pq_edge_more_partitions(roles BIGINT[]) RETURNS BIGINT[]
 LANGUAGE plpgsql AS $fn$
 DECLARE
+    parent regclass := 'edge_more'::regclass;
+    ns TEXT;
     r BIGINT;
+    made BIGINT[] := '{}';
 BEGIN
+    SELECT n.nspname INTO ns FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = parent;
     FOREACH r IN ARRAY roles LOOP
-        IF to_regclass(format('edge_more_%s', r)) IS NULL THEN
-            EXECUTE format('CREATE TABLE edge_more_%s PARTITION OF edge_more FOR VALUES IN (%s)', r, r);
+        IF NOT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                       WHERE i.inhparent = parent AND c.relname = 'edge_more_' || r) THEN
+            EXECUTE format('CREATE TABLE %I.%I (LIKE %s INCLUDING DEFAULTS)', ns,
+                           'edge_more_' || r, parent);
+            EXECUTE format('ALTER TABLE %s ATTACH PARTITION %I.%I FOR VALUES IN (%s)', parent,
+                           ns, 'edge_more_' || r, r);
+            made := made || r;
         END IF;
     END LOOP;
+    RETURN made;
 END
 $fn$;
 

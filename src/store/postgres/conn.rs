@@ -169,6 +169,8 @@ pub(crate) struct Tx<'a> {
     unbegun: std::cell::Cell<bool>,
     /// Statements run so far ([`Tx::statements`]).
     statements: std::cell::Cell<u64>,
+    /// The `edge_more` partitions this transaction made ([`Tx::partitions_on`]).
+    made_partitions: RefCell<std::collections::HashSet<i64>>,
 }
 
 /// Released facts whose rows are sent with the next statement of the transaction rather
@@ -194,14 +196,10 @@ pub(crate) struct Ahead {
 }
 
 /// Writes `run`'s rows on `conn` ([`Run::write_rows`]); returns how many facts were new.
-fn run_rows(
-    conn: &mut PgConn,
-    run: &Run,
-    reprepares: &std::sync::atomic::AtomicU64,
-) -> Result<i64> {
-    let s = conn.prepared(Run::WRITE_ROWS, None, None, reprepares)?;
+fn run_rows(conn: &mut PgConn, run: &Run, tx: &Tx<'_>) -> Result<i64> {
+    let s = conn.prepared(Run::WRITE_ROWS, None, None, &tx.backend.shared.reprepares)?;
     run.write_rows(|more, params| {
-        more_partitions(conn, more)?;
+        tx.partitions_on(conn, &more.role)?;
         let rows = conn.client.query(&s, params).map_err(backend)?;
         Ok(rows[0].get(0))
     })
@@ -246,17 +244,13 @@ const EDGE_TYPES: [Type; 6] = [
 /// read as not released or taken to be new (`PgWrite::insert_many`): one that is there
 /// fails the `COPY` on the unique hash, and with it the transaction (to its last
 /// savepoint), where the statement's `ON CONFLICT` would count it.
-fn copy_rows(
-    conn: &mut PgConn,
-    run: &Run,
-    reprepares: &std::sync::atomic::AtomicU64,
-) -> Result<Option<i64>> {
+fn copy_rows(conn: &mut PgConn, run: &Run, tx: &Tx<'_>) -> Result<Option<i64>> {
     let there = std::cell::Cell::new(false);
     let fail = |e: postgres::Error| {
         there.set(there.get() || stored_already(&e));
         backend(e)
     };
-    match copy_all(conn, run, reprepares, &fail) {
+    match copy_all(conn, run, tx, &fail) {
         Ok(n) => Ok(Some(n)),
         Err(_) if there.get() => Ok(None),
         Err(e) => Err(e),
@@ -275,9 +269,10 @@ fn stored_already(e: &postgres::Error) -> bool {
 fn copy_all(
     conn: &mut PgConn,
     run: &Run,
-    reprepares: &std::sync::atomic::AtomicU64,
+    tx: &Tx<'_>,
     fail: &dyn Fn(postgres::Error) -> Error,
 ) -> Result<i64> {
+    let reprepares = &tx.backend.shared.reprepares;
     use postgres::binary_copy::BinaryCopyInWriter;
     let facts = conn.prepared(COPY_FACTS, None, None, reprepares)?;
     run.with_columns(|c| {
@@ -298,7 +293,7 @@ fn copy_all(
         let written = w.finish().map_err(fail)?;
         let more = &c.more;
         let hashes = c.more_hash();
-        more_partitions(conn, more)?;
+        tx.partitions_on(conn, &more.role)?;
         copy_edge_rows(conn, reprepares, more.pred.len(), fail, |i| {
             [
                 &more.pred[i],
@@ -311,22 +306,6 @@ fn copy_all(
         })?;
         Ok(written as i64)
     })
-}
-
-/// Creates the `edge_more` partition of each role of `more` that has none yet
-/// (`pq_edge_more_partitions`, schema version 7), in the transaction that writes them:
-/// nothing is sent when `more` is empty, as it is for facts of one predecessor.
-pub(super) fn more_partitions(conn: &mut PgConn, more: &EdgeColumns) -> Result<()> {
-    if more.role.is_empty() {
-        return Ok(());
-    }
-    let mut roles = more.role.clone();
-    roles.sort_unstable();
-    roles.dedup();
-    conn.client
-        .execute("SELECT pq_edge_more_partitions($1)", &[&roles])
-        .map_err(backend)?;
-    Ok(())
 }
 
 /// `COPY` of `n` edge rows of `edge_more`, the `i`th given by `row(i)` (predecessor, role id,
@@ -454,6 +433,7 @@ impl<'a> Tx<'a> {
             begin,
             fresh: std::cell::Cell::new(true),
             statements: std::cell::Cell::new(0),
+            made_partitions: RefCell::default(),
             unbegun: std::cell::Cell::new(unbegun),
         }
     }
@@ -544,6 +524,56 @@ impl<'a> Tx<'a> {
         self.statements.get()
     }
 
+    /// Makes sure `edge_more` has a partition for each of `roles` (the roles of edges
+    /// about to be written there) on `conn`, the transaction's connection: those this
+    /// store knows to be committed need nothing; for the others
+    /// `pq_edge_more_partitions` makes what is missing, in this transaction, and says
+    /// which it made. One it found there and did not make was committed by a writer
+    /// before (writers are serialised) and is remembered; one it made is not, until
+    /// another transaction finds it: this one may still roll it back. Nothing is sent
+    /// for facts of one predecessor (`roles` empty).
+    pub(crate) fn partitions_on(&self, conn: &mut PgConn, roles: &[i64]) -> Result<()> {
+        let known = &self.backend.shared.partitions;
+        let mut missing: Vec<i64> = {
+            let known = known
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            roles
+                .iter()
+                .filter(|r| !known.contains(r))
+                .copied()
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        let s = conn.prepared(
+            "SELECT pq_edge_more_partitions($1)",
+            None,
+            None,
+            &self.backend.shared.reprepares,
+        )?;
+        let made: Vec<i64> = conn
+            .client
+            .query_one(&s, &[&missing])
+            .map_err(backend)?
+            .get(0);
+        let mut mine = self.made_partitions.borrow_mut();
+        mine.extend(made);
+        let mut known = known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        known.extend(missing.into_iter().filter(|r| !mine.contains(r)));
+        Ok(())
+    }
+
+    /// [`Tx::partitions_on`] on the transaction's connection.
+    pub(crate) fn more_partitions(&self, roles: &[i64]) -> Result<()> {
+        self.with(|c| self.partitions_on(c, roles))
+    }
+
     /// Writes the facts written ahead, before any other statement runs.
     fn write_ahead_rows(&self, conn: &mut PgConn) -> Result<()> {
         let mut ahead = self.ahead.borrow_mut();
@@ -553,7 +583,7 @@ impl<'a> Tx<'a> {
         if ahead.run.len() == 0 {
             return Ok(());
         }
-        let added = run_rows(conn, &ahead.run, &self.backend.shared.reprepares);
+        let added = run_rows(conn, &ahead.run, self);
         let written = ahead.run.len() as i64;
         ahead.run.clear();
         ahead.hashes.clear();
@@ -572,9 +602,9 @@ impl<'a> Tx<'a> {
     pub(crate) fn write_run(&self, run: &Run) -> Result<Option<i64>> {
         self.with(|c| {
             if run.len() >= COPY_FROM {
-                copy_rows(c, run, &self.backend.shared.reprepares)
+                copy_rows(c, run, self)
             } else {
-                run_rows(c, run, &self.backend.shared.reprepares).map(Some)
+                run_rows(c, run, self).map(Some)
             }
         })
     }
@@ -641,7 +671,7 @@ impl<'a> Tx<'a> {
         let reprepares = &self.backend.shared.reprepares;
         let hashes: Vec<&[u8]> = e.succ_hash.iter().map(|h| &h.0[..]).collect();
         self.with(|c| {
-            more_partitions(c, e)?;
+            self.partitions_on(c, &e.role)?;
             copy_edge_rows(c, reprepares, e.pred.len(), &backend, |i| {
                 [
                     &e.pred[i],

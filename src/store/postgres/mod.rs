@@ -72,6 +72,9 @@ pub(crate) struct Shared {
     pub(crate) reprepares: AtomicU64,
     /// Released facts seen lately, and when a batch may be guessed new.
     pub(crate) recent: recent::Recent,
+    /// Roles whose `edge_more` partition is committed (schema version 7,
+    /// `Tx::partitions_on`).
+    pub(crate) partitions: Mutex<std::collections::HashSet<i64>>,
 }
 
 /// A store's database in PostgreSQL.
@@ -150,6 +153,7 @@ impl PostgresBackend {
                 options,
                 reprepares: AtomicU64::new(0),
                 recent: recent::Recent::default(),
+                partitions: Mutex::default(),
             },
             listener: Mutex::new(None),
         };

@@ -133,6 +133,23 @@ impl Tx<'_> {
         if orphans > 0 {
             report.problem(None, orphan_edges(orphans, first));
         }
+        // A fact's edges are read as a set, so one written both in its row and in
+        // `edge_more` is found only here (a query would answer its successor twice).
+        let row = self.rows(
+            "SELECT count(*), min(e.successor) FROM edge_more e
+             JOIN fact f ON f.seq = e.successor AND f.p1 = e.predecessor AND f.p1_role = e.role_id",
+            &[],
+        )?;
+        let (twice, first): (i64, Option<i64>) = (row[0].get(0), row[0].get(1));
+        if twice > 0 {
+            report.problem(
+                None,
+                format!(
+                    "{twice} edge row(s) of edge_more repeat their fact's first edge (the first: seq {})",
+                    first.unwrap_or_default()
+                ),
+            );
+        }
         Ok(())
     }
 

@@ -318,6 +318,12 @@ impl<'a> PgWrite<'a> {
             // A restore of an older backup takes the type and role ids made since with it,
             // and its identity sequences hand them out again, to other names.
             shared.names.forget();
+            // And the `edge_more` partitions made since.
+            shared
+                .partitions
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clear();
         }
         self.locked.set(Some(l));
         self.at_lock.set(l);
@@ -498,13 +504,7 @@ impl<'a> PgWrite<'a> {
         // whose partitions for their roles are made first.
         let more = |v: &[i64]| v.get(1..).unwrap_or_default().to_vec();
         let (more_seqs, more_roles, more_types) = (more(pred_seqs), more(roles), more(pred_types));
-        if !more_roles.is_empty() {
-            let mut distinct = more_roles.clone();
-            distinct.sort_unstable();
-            distinct.dedup();
-            self.tx
-                .rows("SELECT pq_edge_more_partitions($1)", &[&distinct])?;
-        }
+        self.tx.more_partitions(&more_roles)?;
         let added: i64 = self.tx.rows(
             "WITH f AS (
                  INSERT INTO fact (seq, hash, type_id, bytes, p1, p1_role, p1_type)
