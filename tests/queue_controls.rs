@@ -491,3 +491,48 @@ conformance! {
         ship(&s, &again);
     }
 }
+
+conformance! {
+    /// A re-declaration that rebuilds the queue's index replays the stored facts and
+    /// judges again only the inputs still open: one poisoned (and discarded) before gets
+    /// no second poison entry, while one that the new requirements refuse, and that
+    /// nothing ended, gets one, once.
+    fn a_rebuilding_declaration_poisons_only_open_inputs_and_once(b: Backend) {
+        let clock = ManualClock::starting_at(T0);
+        let s = store_with(b, &clock);
+        let poisons = |s: &Store| {
+            s.stats()
+                .unwrap()
+                .per_type
+                .get("precedent.Poison")
+                .copied()
+                .unwrap_or(0)
+        };
+        let mut q = spec();
+        q.required_fields.push(FieldRequirement { name: "address".into(), kind: FieldKind::Text });
+        s.declare_queue(&q).unwrap();
+        let unfit = order(1);
+        s.insert(&unfit).unwrap();
+        assert_eq!(poisons(&s), 1);
+        s.discard("ship", &unfit.hash(), "no address").unwrap();
+        // Fit under these rules: no requirement on `gift`.
+        let open = Fact::builder("Order").field("n", 2).field("address", "x").build().unwrap();
+        s.insert(&open).unwrap();
+        clock.advance(1);
+        // Rebuilt (another completion), with a requirement the open input fails.
+        let mut q2 = q.clone();
+        q2.completions.push(Completion { type_name: "Cancelled".into(), role: "order".into() });
+        q2.required_fields.push(FieldRequirement { name: "gift".into(), kind: FieldKind::Text });
+        s.declare_queue(&q2).unwrap();
+        assert_eq!(poisons(&s), 2, "the open input poisoned, the discarded one not again");
+        let stats = s.queue_stats("ship").unwrap();
+        assert_eq!((stats.poison, stats.ready), (1, 0));
+        // Rebuilt again: both ended by what it replays.
+        clock.advance(1);
+        let mut q3 = q2.clone();
+        q3.completions.pop();
+        s.declare_queue(&q3).unwrap();
+        assert_eq!(poisons(&s), 2, "no entry is written twice");
+        assert_eq!(s.queue_stats("ship").unwrap().poison, 1);
+    }
+}

@@ -150,6 +150,9 @@ pub(crate) struct QueueTx {
     pub(crate) ended: Vec<(i64, i64)>,
     /// Events to add to the queue's counters at commit (see [`Count`]).
     pub(crate) counts: Vec<(i64, Count)>,
+    /// Poison entries a back-fill asked for, as (queue id, input, entry), written when it
+    /// ends for the inputs that no fact it replayed ended (`Ix::poison_later`).
+    pub(crate) replay_poison: Vec<(i64, FactHash, Fact)>,
     /// Where each open savepoint began.
     savepoints: Vec<Mark>,
     /// On PostgreSQL: item rows this transaction has locked (`FOR UPDATE`) and found
@@ -629,6 +632,11 @@ impl Ix<'_> {
                 let Some(input) = one_pred(fact, system::INPUT_ROLE) else {
                     return Ok(());
                 };
+                if self.replay {
+                    // Judged before: listed as it was, with no second entry.
+                    let waiting = &mut self.state.get::<QueueTx>().replay_poison;
+                    waiting.retain(|(queue, i, _)| !(*queue == q.id && *i == input));
+                }
                 let state = if fact.type_name() == system::DEAD_LETTER {
                     ItemState::Dead
                 } else {
@@ -696,7 +704,7 @@ impl Ix<'_> {
                         .predecessor(system::INPUT_ROLE, input)
                         .predecessor("redrive", fact.hash())
                         .build()?;
-                    self.later.push(poison);
+                    self.poison_later(q.id, input, poison);
                 }
             }
             system::DISCARD => {
@@ -812,9 +820,24 @@ impl Ix<'_> {
                 .field("at", now)
                 .predecessor(system::INPUT_ROLE, fact.hash())
                 .build()?;
-            self.later.push(poison);
+            self.poison_later(q.id, fact.hash(), poison);
         }
         Ok(())
+    }
+
+    /// Asks for `poison`, the poison entry of `input` of queue `queue`: inserted once
+    /// the current insert returns; in a back-fill, when it ends, and only if no fact it
+    /// replays after this one ends or lists the input (a completion, a discard, a dead
+    /// letter, the poison entry written when the input was first judged): a
+    /// re-declaration judges again only the inputs still open, and writes no second entry
+    /// for one poisoned before.
+    fn poison_later(&mut self, queue: i64, input: FactHash, poison: Fact) {
+        if self.replay {
+            let waiting = &mut self.state.get::<QueueTx>().replay_poison;
+            waiting.push((queue, input, poison));
+        } else {
+            self.later.push(poison);
+        }
     }
 
     /// The nearest unfinished inputs of `q` among the ancestors of `fact`, released as
@@ -957,6 +980,11 @@ impl Ix<'_> {
     /// `DELETE .. RETURNING` costs SQLite a temporary table every time, several times the
     /// probe). The completed counter is added up at commit.
     pub(crate) fn end_input(&mut self, q: &QueueDef, input: &FactHash, how: End) -> Result<()> {
+        if self.replay {
+            // Ended by a replayed fact: the poison entry a back-fill asked for goes.
+            let waiting = &mut self.state.get::<QueueTx>().replay_poison;
+            waiting.retain(|(queue, i, _)| !(*queue == q.id && i == input));
+        }
         let known = (self.known)(input);
         if let Some((_, type_id)) = known
             && let Some(input_type) = self.tx.name_id(false, &q.spec.input_type)?

@@ -1430,6 +1430,11 @@ fn backfill(w: &mut Writer<'_>, spec: &QueueSpec, id: i64) -> Result<()> {
             with_index_known(w, &known, |ix| ix.queue_on_release(&fact, seq, Some(id)))?;
         }
     }
+    // The inputs that fail the queue's requirements and that nothing replayed ended.
+    let waiting = std::mem::take(&mut w.state::<QueueTx>().replay_poison);
+    for (_, _, poison) in waiting {
+        w.insert(&poison)?;
+    }
     Ok(())
 }
 
