@@ -142,24 +142,36 @@ impl<R: Read> CborSeq<R> {
         Ok(None)
     }
 
+    /// Reads more of the input after what is held: one read of up to [`READ_BYTES`]; for
+    /// a record past a fact's size, being skipped, as much again as is held (reads until
+    /// that much or the end). Each step scans the record from its start, so steps of 64
+    /// KiB would scan a record of 64 MiB a thousand times, minutes of work.
     fn fill(&mut self) -> io::Result<()> {
         self.buf.drain(..self.start);
         self.start = 0;
         let old = self.buf.len();
-        self.buf.resize(old + READ_BYTES, 0);
-        let n = loop {
-            match self.r.read(&mut self.buf[old..]) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    self.buf.truncate(old);
-                    return Err(e);
+        let skipping = old > MAX_FACT_BYTES;
+        let step = if skipping { old } else { READ_BYTES };
+        self.buf.resize(old + step, 0);
+        let mut got = 0;
+        let read = loop {
+            match self.r.read(&mut self.buf[old + got..]) {
+                Ok(0) => {
+                    self.eof = true;
+                    break Ok(());
                 }
+                Ok(n) => {
+                    got += n;
+                    if !skipping || got == step {
+                        break Ok(());
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => break Err(e),
             }
         };
-        self.buf.truncate(old + n);
-        self.eof = n == 0;
-        Ok(())
+        self.buf.truncate(old + got);
+        read
     }
 }
 
@@ -193,5 +205,57 @@ pub fn sniff(r: &mut impl BufRead, format: Option<Format>) -> io::Result<(Format
         skipped += blank as u64;
         lines += buf.iter().filter(|&&b| b == b'\n').count() as u64;
         r.consume(blank);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader that gives as much as it is asked for and counts its reads: one read a
+    /// step of the splitter.
+    struct Counted<'a> {
+        data: &'a [u8],
+        reads: usize,
+    }
+
+    impl Read for Counted<'_> {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            self.reads += 1;
+            let n = out.len().min(self.data.len());
+            out[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn an_oversize_record_is_skipped_in_growing_steps_and_the_next_one_read() {
+        // An array of 8,000,000 zeros (8 MiB), past a fact's size, then a small record.
+        let mut data = vec![0x9a, 0x00, 0x7a, 0x12, 0x00];
+        data.resize(5 + 8_000_000, 0);
+        let next = [0x83, 0x01, 0x02, 0x03];
+        data.extend_from_slice(&next);
+        let mut seq = CborSeq::new(
+            Counted {
+                data: &data,
+                reads: 0,
+            },
+            0,
+        );
+        let first = seq.next().unwrap().unwrap();
+        assert!(
+            matches!(&first.body, Body::Bad(m) if m.contains("over the limit")),
+            "{}",
+            first.label
+        );
+        let second = seq.next().unwrap().unwrap();
+        assert!(matches!(&second.body, Body::Cbor(b) if b[..] == next[..]));
+        assert!(seq.next().unwrap().is_none());
+        // 16 steps of 64 KiB to a fact's size, then each step as large as what is held:
+        // about 20 scans of the record, where steps of 64 KiB took 123.
+        let reads = seq.r.reads;
+        assert!(reads < 40, "{reads} reads");
+        assert!(seq.buf.len() < 2 * data.len());
     }
 }
