@@ -328,11 +328,13 @@ fn resolve_into(
             let h = match p {
                 PredSpec::Hash(h) => *h,
                 PredSpec::Prefix(prefix) => {
-                    let inline: Vec<FactHash> = out
+                    // One fact written inline twice is one fact: counted once.
+                    let inline: BTreeSet<FactHash> = out
                         .iter()
                         .map(Fact::hash)
                         .filter(|h| prefix.matches(h))
                         .collect();
+                    let inline: Vec<FactHash> = inline.into_iter().collect();
                     match inline.as_slice() {
                         [one] => *one,
                         _ => resolve_prefix(prefix)?,

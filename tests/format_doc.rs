@@ -169,6 +169,17 @@ fn inline_facts_come_in_role_order_depth_first_and_prefixes_see_earlier_ones() {
         err.to_string(),
         format!("no fact matches prefix {}", &z[..8])
     );
+    // The same fact written inline twice is one fact, and its prefix names it.
+    let text = format!(
+        r#"{{"type":"T","predecessors":{{"a":{{"type":"AA"}},"b":{{"type":"AA"}},"c":"{}"}}}}"#,
+        &aa[..8]
+    );
+    let facts = json::parse_standalone(&text).unwrap();
+    let top = facts.last().unwrap();
+    assert_eq!(
+        top.predecessors()["c"].iter().next().unwrap().to_string(),
+        aa
+    );
 }
 
 #[test]
