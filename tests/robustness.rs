@@ -1682,7 +1682,9 @@ fn an_unreadable_input_file_is_invalid_input_not_a_database_error() {
     let missing = dir.path().join("missing.jsonl");
     let missing = missing.to_str().unwrap();
     let folder = dir.path().to_str().unwrap();
-    let cases: [(&[&str], String); 4] = [
+    let nowhere = dir.path().join("no-such-dir").join("out.jsonl");
+    let nowhere = nowhere.to_str().unwrap();
+    let cases: [(&[&str], String); 5] = [
         (
             &["import", missing],
             format!("cannot open {missing}: no such file"),
@@ -1698,6 +1700,10 @@ fn an_unreadable_input_file_is_invalid_input_not_a_database_error() {
         (
             &["sync", "--ca-cert", missing, "http://127.0.0.1:9"],
             format!("cannot read {missing}: no such file"),
+        ),
+        (
+            &["export", "-o", nowhere],
+            format!("cannot create {nowhere}: no such file"),
         ),
     ];
     for (args, want) in cases {

@@ -20,7 +20,11 @@ pub fn export(
     let store = g.open(false)?;
     let (sink, name): (Box<dyn Write>, String) = match output {
         Some(p) if p != Path::new("-") => (
-            Box::new(File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
+            // The caller's path to fix (exit 1), not a database error.
+            Box::new(
+                File::create(p)
+                    .map_err(|e| super::unreadable(format!("cannot create {}", p.display()), &e))?,
+            ),
             p.display().to_string(),
         ),
         _ => (Box::new(io::stdout().lock()), "stdout".to_string()),
