@@ -536,3 +536,46 @@ conformance! {
         assert_eq!(s.queue_stats("ship").unwrap().poison, 1);
     }
 }
+
+conformance! {
+    /// A re-declaration that rebuilds the queue's index keeps what is in flight: a live
+    /// lease still holds (its worker extends and completes it, and no claim hands its
+    /// input out again), and a retried input keeps its attempts and its backoff.
+    fn a_rebuilding_declaration_keeps_leases_and_retries(b: Backend) {
+        let clock = ManualClock::starting_at(T0);
+        let s = store_with(b, &clock);
+        let mut q = spec();
+        q.lease_ms = 10_000;
+        q.ordering = Ordering::None;
+        s.declare_queue(&q).unwrap();
+        let (o1, o2, o3) = (order(1), order(2), order(3));
+        s.insert_batch(vec![o1.clone(), o2.clone(), o3.clone()]).unwrap();
+        let claimed = s.claim("ship", 2).unwrap();
+        let held = claimed.iter().find(|l| l.input.hash() == o1.hash()).unwrap().clone();
+        let retried = claimed.iter().find(|l| l.input.hash() == o2.hash()).unwrap().clone();
+        let FailOutcome::Retry { at_ms } =
+            s.fail(&retried, Failure::Transient("503".into())).unwrap()
+        else {
+            panic!("a transient failure is retried")
+        };
+        clock.advance(1);
+        let mut q2 = q.clone();
+        q2.completions.push(Completion { type_name: "Cancelled".into(), role: "order".into() });
+        s.declare_queue(&q2).unwrap();
+        let stats = s.queue_stats("ship").unwrap();
+        assert_eq!(stats.leased, 1, "the lease still counts");
+        // Only the third order is handed out: the first is leased, the second backs off.
+        let now = s.claim("ship", 5).unwrap();
+        assert_eq!(now.len(), 1);
+        assert_eq!(now[0].input.hash(), o3.hash());
+        let held = s.extend(&held).unwrap();
+        ship(&s, &held);
+        ship(&s, &now[0]);
+        // The second after its backoff, on its second attempt.
+        clock.set(at_ms);
+        let again = s.claim("ship", 5).unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].input.hash(), o2.hash());
+        assert_eq!(again[0].attempt, 2);
+    }
+}

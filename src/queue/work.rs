@@ -819,10 +819,40 @@ impl Store {
                     |r| r.get(0),
                 )?,
             };
+            // What a rebuild must not lose of the inputs in flight: live leases (their
+            // workers are handling them) and the attempts, backoff and last error of the
+            // inputs retried (their budget).
+            let mut in_flight: Vec<InFlight> = Vec::new();
             if rebuild {
+                if old.is_some() {
+                    w.flush_item_deletes()?;
+                    in_flight = w.sql().query_vec(
+                        concat!(
+                            "SELECT input, state, claimable_at, attempts, first_attempt_at,
+                                    lease_token, last_error
+                             FROM queue_item WHERE queue_id = ?1 AND (state = ",
+                            state_code!(Leased),
+                            " OR attempts > 0)"
+                        ),
+                        args![id],
+                        |r| {
+                            Ok(InFlight {
+                                input: r.get(0)?,
+                                leased: r.get::<i64>(1)? == ItemState::Leased.code(),
+                                claimable_at: r.get(2)?,
+                                attempts: r.get(3)?,
+                                first_attempt_at: r.get(4)?,
+                                lease_token: r.get(5)?,
+                                last_error: r.get(6)?,
+                            })
+                        },
+                    )?;
+                }
+                let tx = w.sql();
                 tx.execute("DELETE FROM queue_item WHERE queue_id = ?1", args![id])?;
                 tx.execute("DELETE FROM queue_block WHERE queue_id = ?1", args![id])?;
             }
+            let tx = w.sql();
             tx.execute(
                 "UPDATE counter SET value = value + 1 WHERE name = 'queues'",
                 args![],
@@ -830,6 +860,10 @@ impl Store {
             uncheck(w.split().1);
             if rebuild {
                 backfill(w, spec, id)?;
+                w.flush_item_deletes()?;
+                for f in &in_flight {
+                    f.put_back(w, id)?;
+                }
             }
             Ok(())
         })
@@ -1440,3 +1474,71 @@ fn backfill(w: &mut Writer<'_>, spec: &QueueSpec, id: i64) -> Result<()> {
 
 /// Facts a queue's back-fill reads at once.
 const BACKFILL_PAGE: usize = 1_000;
+
+/// An input in flight when a re-declaration rebuilt its queue's index: leased, or retried
+/// (attempts made). The rebuild recreates its item row from the stored facts, as ready;
+/// [`InFlight::put_back`] gives it back its lease and its retry state.
+struct InFlight {
+    input: i64,
+    leased: bool,
+    claimable_at: Option<i64>,
+    attempts: i64,
+    first_attempt_at: Option<i64>,
+    lease_token: Option<i64>,
+    last_error: Option<String>,
+}
+
+impl InFlight {
+    /// Puts the lease (same token and expiry: its worker's heartbeat and completion still
+    /// hold) and the attempts, first attempt and last error back on the rebuilt row, if
+    /// the input is still open and ready to hand out. One the new rules block or end
+    /// keeps only its attempts: its lease, if any, is lost, as a completion then says.
+    fn put_back(&self, w: &mut Writer<'_>, queue: i64) -> Result<()> {
+        w.state::<QueueTx>().item_updates += 1;
+        w.sql().execute(
+            concat!(
+                "UPDATE queue_item SET attempts = ?3, first_attempt_at = ?4, last_error = ?5
+                 WHERE queue_id = ?1 AND input = ?2 AND state IN (",
+                state_code!(Ready),
+                ", ",
+                state_code!(Blocked),
+                ")"
+            ),
+            args![
+                queue,
+                self.input,
+                self.attempts,
+                self.first_attempt_at,
+                self.last_error.as_deref()
+            ],
+        )?;
+        // A ready input keeps when it may be handed out: its lease's expiry, or the end
+        // of its backoff (never earlier than the rebuild made it).
+        let Some(at) = self.claimable_at else {
+            return Ok(());
+        };
+        if self.leased {
+            w.sql().execute(
+                concat!(
+                    "UPDATE queue_item SET state = ",
+                    state_code!(Leased),
+                    ", lease_token = ?3, claimable_at = ?4
+                     WHERE queue_id = ?1 AND input = ?2 AND state = ",
+                    state_code!(Ready)
+                ),
+                args![queue, self.input, self.lease_token, at],
+            )?;
+        } else {
+            w.sql().execute(
+                concat!(
+                    "UPDATE queue_item SET claimable_at = ?3
+                     WHERE queue_id = ?1 AND input = ?2 AND state = ",
+                    state_code!(Ready),
+                    " AND claimable_at < ?3"
+                ),
+                args![queue, self.input, at],
+            )?;
+        }
+        Ok(())
+    }
+}
