@@ -222,77 +222,129 @@ pub fn item_len(buf: &[u8]) -> Result<Option<usize>> {
 /// # Errors
 /// As [`item_len`].
 pub fn item_len_within(buf: &[u8], max_bytes: usize) -> Result<Option<usize>> {
-    let mut pos = 0usize;
-    // Items still to read at each open nesting level.
-    let mut pending: Vec<u64> = vec![1];
-    while let Some(left) = pending.last_mut() {
-        if *left == 0 {
-            pending.pop();
-            continue;
-        }
-        *left -= 1;
-        if pos > max_bytes {
-            return Err(Error::Decode {
-                offset: pos,
-                reason: format!("record over the limit of {max_bytes} bytes"),
-            });
-        }
-        let Some(&first) = buf.get(pos) else {
-            return Ok(None);
-        };
-        let (major, info) = (first >> 5, first & 0x1f);
-        let extra = match info {
-            0..=23 => 0,
-            24 => 1,
-            25 => 2,
-            26 => 4,
-            27 => 8,
-            _ => {
-                return Err(Error::Decode {
-                    offset: pos,
-                    reason: "indefinite length or reserved head".into(),
-                });
-            }
-        };
-        if buf.len() < pos + 1 + extra {
-            return Ok(None);
-        }
-        let mut arg = if extra == 0 { info as u64 } else { 0 };
-        for &b in &buf[pos + 1..pos + 1 + extra] {
-            arg = (arg << 8) | b as u64;
-        }
-        pos += 1 + extra;
-        match major {
-            MAJOR_BYTES | MAJOR_TEXT => {
-                if arg > max_bytes as u64 {
-                    return Err(Error::Decode {
-                        offset: pos,
-                        reason: format!("string of {arg} bytes in a record over the size limit"),
-                    });
-                }
-                // Saturating: with no size limit, a length near 2^64 claims more bytes than
-                // any buffer has (incomplete), instead of wrapping around.
-                pos = pos.saturating_add(usize::try_from(arg).unwrap_or(usize::MAX));
-            }
-            MAJOR_ARRAY | MAJOR_MAP => {
-                if pending.len() > limits::MAX_DEPTH + 2 {
-                    return Err(Error::Decode {
-                        offset: pos,
-                        reason: format!("nesting deeper than {} levels", limits::MAX_DEPTH),
-                    });
-                }
-                let items = if major == MAJOR_MAP {
-                    arg.saturating_mul(2)
-                } else {
-                    arg
-                };
-                pending.push(items);
-            }
-            MAJOR_TAG => pending.push(1),
-            _ => {}
+    ItemScan::new().resume(buf, max_bytes)
+}
+
+/// A walk over the framing of one CBOR item ([`item_len_within`]) that stops where the
+/// bytes run out and goes on from there when given more: a reader skipping a record of
+/// many megabytes, read a piece at a time, walks each byte once, where asking
+/// [`item_len_within`] again after each piece walks the record from its start each time.
+#[derive(Clone, Debug)]
+pub struct ItemScan {
+    /// Where the next head starts, from the item's start.
+    pos: usize,
+    /// Items still to read at each open nesting level.
+    pending: Vec<u64>,
+    /// Heads read so far.
+    heads: u64,
+}
+
+impl Default for ItemScan {
+    fn default() -> Self {
+        ItemScan::new()
+    }
+}
+
+impl ItemScan {
+    /// A walk at the start of an item.
+    pub fn new() -> ItemScan {
+        ItemScan {
+            pos: 0,
+            pending: vec![1],
+            heads: 0,
         }
     }
-    Ok((pos <= buf.len()).then_some(pos))
+
+    /// How many heads the walk has read: each byte of the item is walked once however
+    /// it is given (for tests and measurements).
+    pub fn heads(&self) -> u64 {
+        self.heads
+    }
+
+    /// Goes on over `buf`, the item's bytes from its start (those of the last call and
+    /// more): as [`item_len_within`], and `Ok(None)` leaves the walk where the bytes
+    /// ran out, for the next call.
+    ///
+    /// # Errors
+    /// As [`item_len`].
+    pub fn resume(&mut self, buf: &[u8], max_bytes: usize) -> Result<Option<usize>> {
+        while let Some(&left) = self.pending.last() {
+            if left == 0 {
+                self.pending.pop();
+                continue;
+            }
+            let pos = self.pos;
+            if pos > max_bytes {
+                return Err(Error::Decode {
+                    offset: pos,
+                    reason: format!("record over the limit of {max_bytes} bytes"),
+                });
+            }
+            let Some(&first) = buf.get(pos) else {
+                return Ok(None);
+            };
+            let (major, info) = (first >> 5, first & 0x1f);
+            let extra = match info {
+                0..=23 => 0,
+                24 => 1,
+                25 => 2,
+                26 => 4,
+                27 => 8,
+                _ => {
+                    return Err(Error::Decode {
+                        offset: pos,
+                        reason: "indefinite length or reserved head".into(),
+                    });
+                }
+            };
+            if buf.len() < pos + 1 + extra {
+                return Ok(None);
+            }
+            let mut arg = if extra == 0 { info as u64 } else { 0 };
+            for &b in &buf[pos + 1..pos + 1 + extra] {
+                arg = (arg << 8) | b as u64;
+            }
+            // The head is whole: the walk moves past it.
+            let mut next = pos + 1 + extra;
+            self.heads += 1;
+            if let Some(left) = self.pending.last_mut() {
+                *left -= 1;
+            }
+            match major {
+                MAJOR_BYTES | MAJOR_TEXT => {
+                    if arg > max_bytes as u64 {
+                        return Err(Error::Decode {
+                            offset: next,
+                            reason: format!(
+                                "string of {arg} bytes in a record over the size limit"
+                            ),
+                        });
+                    }
+                    // Saturating: with no size limit, a length near 2^64 claims more
+                    // bytes than any buffer has (incomplete), instead of wrapping around.
+                    next = next.saturating_add(usize::try_from(arg).unwrap_or(usize::MAX));
+                }
+                MAJOR_ARRAY | MAJOR_MAP => {
+                    if self.pending.len() > limits::MAX_DEPTH + 2 {
+                        return Err(Error::Decode {
+                            offset: next,
+                            reason: format!("nesting deeper than {} levels", limits::MAX_DEPTH),
+                        });
+                    }
+                    let items = if major == MAJOR_MAP {
+                        arg.saturating_mul(2)
+                    } else {
+                        arg
+                    };
+                    self.pending.push(items);
+                }
+                MAJOR_TAG => self.pending.push(1),
+                _ => {}
+            }
+            self.pos = next;
+        }
+        Ok((self.pos <= buf.len()).then_some(self.pos))
+    }
 }
 
 struct Reader<'a> {
@@ -543,6 +595,43 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_item_walked_a_piece_at_a_time_walks_each_head_once() {
+        // An array of 200,000 zeros given in pieces of 1,000 bytes, then a byte more.
+        let mut item = vec![0x1a_u8 | 0x80, 0x00, 0x03, 0x0d, 0x40];
+        item.resize(5 + 200_000, 0);
+        let mut scan = ItemScan::new();
+        let mut end = 1_000;
+        let found = loop {
+            match scan
+                .resume(&item[..end.min(item.len())], usize::MAX)
+                .unwrap()
+            {
+                Some(n) => break n,
+                None => end += 1_000,
+            }
+        };
+        assert_eq!(found, item.len());
+        assert_eq!(Some(found), item_len_within(&item, usize::MAX).unwrap());
+        // The array's head and its items' once each, where asking `item_len_within`
+        // after each piece would have walked about 20 million.
+        assert_eq!(scan.heads(), 200_001);
+        // A string that runs past the bytes given, then ends in the next piece.
+        let mut text = vec![0x79, 0x01, 0x00];
+        text.resize(3 + 256, b'a');
+        let mut scan = ItemScan::new();
+        assert_eq!(scan.resume(&text[..100], usize::MAX).unwrap(), None);
+        assert_eq!(scan.resume(&text, usize::MAX).unwrap(), Some(text.len()));
+        // A head cut in two: the walk waits at its start.
+        let mut scan = ItemScan::new();
+        assert_eq!(scan.resume(&[0x19], usize::MAX).unwrap(), None);
+        assert_eq!(
+            scan.resume(&[0x19, 0x01, 0x00], usize::MAX).unwrap(),
+            Some(3)
+        );
+        assert_eq!(scan.heads(), 1);
+    }
+
     use super::*;
     use crate::Fact;
 

@@ -579,3 +579,43 @@ conformance! {
         assert_eq!(again[0].attempt, 2);
     }
 }
+
+conformance! {
+    /// A redrive that reopens nothing (its entry is no longer the input's current one: a
+    /// redrive sent twice, by two operators or two nodes) asks for no poison entry, even
+    /// when the input still fails the queue's requirements.
+    fn a_redrive_of_a_stale_entry_writes_no_poison_entry(b: Backend) {
+        let clock = ManualClock::starting_at(T0);
+        let s = store_with(b, &clock);
+        let poisons = |s: &Store| {
+            s.stats()
+                .unwrap()
+                .per_type
+                .get("precedent.Poison")
+                .copied()
+                .unwrap_or(0)
+        };
+        let mut q = spec();
+        q.required_fields.push(FieldRequirement { name: "address".into(), kind: FieldKind::Text });
+        s.declare_queue(&q).unwrap();
+        let unfit = order(1);
+        s.insert(&unfit).unwrap();
+        assert_eq!(poisons(&s), 1);
+        let first_entry = s.queue_item("ship", &unfit.hash()).unwrap().unwrap().entry.unwrap();
+        clock.advance(1);
+        // Redriven, still unfit: poisoned again, a second entry naming the redrive.
+        s.redrive("ship", &unfit.hash()).unwrap();
+        assert_eq!(poisons(&s), 2);
+        // The same first entry redriven again, as another node would have.
+        clock.advance(1);
+        let stale = Fact::builder("precedent.Redrive")
+            .field("queue", "ship")
+            .field("at", T0 + 2)
+            .predecessor("entry", first_entry)
+            .build()
+            .unwrap();
+        s.insert(&stale).unwrap();
+        assert_eq!(poisons(&s), 2, "no entry for a redrive that reopened nothing");
+        assert_eq!(s.queue_stats("ship").unwrap().poison, 1);
+    }
+}

@@ -670,7 +670,7 @@ impl Ix<'_> {
                     return Ok(());
                 };
                 let now = self.now;
-                self.tx.execute(
+                let reopened = self.tx.execute(
                     concat!(
                         "UPDATE queue_item SET state = CASE WHEN blockers > 0 THEN ",
                         state_code!(Blocked),
@@ -690,6 +690,12 @@ impl Ix<'_> {
                     ),
                     args![q.id, input_seq, entry_seq, now],
                 )?;
+                if reopened == 0 {
+                    // Not this queue's current entry for the input (a redrive sent twice,
+                    // or of an input that is no longer one): nothing reopened, nothing to
+                    // judge.
+                    return Ok(());
+                }
                 // A redriven input is judged again: one that still fails the queue's
                 // field requirements goes back to poison, never to a handler. The new
                 // entry names the redrive, so it differs from the first one.

@@ -824,32 +824,32 @@ impl Store {
             // inputs retried (their budget).
             let mut in_flight: Vec<InFlight> = Vec::new();
             if rebuild {
-                if old.is_some() {
-                    w.flush_item_deletes()?;
-                    in_flight = w.sql().query_vec(
-                        concat!(
-                            "SELECT input, state, claimable_at, attempts, first_attempt_at,
-                                    lease_token, last_error
-                             FROM queue_item WHERE queue_id = ?1 AND (state = ",
-                            state_code!(Leased),
-                            " OR attempts > 0)"
-                        ),
-                        args![id],
-                        |r| {
-                            Ok(InFlight {
-                                input: r.get(0)?,
-                                leased: r.get::<i64>(1)? == ItemState::Leased.code(),
-                                claimable_at: r.get(2)?,
-                                attempts: r.get(3)?,
-                                first_attempt_at: r.get(4)?,
-                                lease_token: r.get(5)?,
-                                last_error: r.get(6)?,
-                            })
-                        },
-                    )?;
-                }
+                // Read as they are deleted: on PostgreSQL a claim, heartbeat or failure
+                // takes no writer lock, and one that commits while the delete waits for
+                // its row is read as it committed.
+                w.flush_item_deletes()?;
+                let rows: Vec<InFlight> = w.sql().query_vec(
+                    "DELETE FROM queue_item WHERE queue_id = ?1
+                     RETURNING input, state, claimable_at, attempts, first_attempt_at,
+                               lease_token, last_error",
+                    args![id],
+                    |r| {
+                        Ok(InFlight {
+                            input: r.get(0)?,
+                            leased: r.get::<i64>(1)? == ItemState::Leased.code(),
+                            claimable_at: r.get(2)?,
+                            attempts: r.get(3)?,
+                            first_attempt_at: r.get(4)?,
+                            lease_token: r.get(5)?,
+                            last_error: r.get(6)?,
+                        })
+                    },
+                )?;
+                in_flight = rows
+                    .into_iter()
+                    .filter(|f| f.leased || f.attempts > 0)
+                    .collect();
                 let tx = w.sql();
-                tx.execute("DELETE FROM queue_item WHERE queue_id = ?1", args![id])?;
                 tx.execute("DELETE FROM queue_block WHERE queue_id = ?1", args![id])?;
             }
             let tx = w.sql();
@@ -966,8 +966,10 @@ impl Store {
         let (_, spec) = self.def(&lease.queue)?;
         self.write(|w| {
             let now = w.now_ms();
-            // The limit's count first: on PostgreSQL it locks the queue's row, which a
-            // claim locks before the item rows, so the two take their locks in one order.
+            // The item's row first, then (with a limit) the queue's, the order a discard,
+            // a failure and a completion take them in. A claim takes the queue's first
+            // but skips locked item rows (`SKIP LOCKED`), so it never waits for this one.
+            w.check_lease(lease)?;
             let room = match spec.max_leased {
                 Some(_) => {
                     let live_only = QueueSpec {
@@ -978,7 +980,6 @@ impl Store {
                 }
                 None => None,
             };
-            w.check_lease(lease)?;
             if room == Some(false) {
                 let live = w.sql().exists(
                     "SELECT 1 FROM queue_item WHERE queue_id = ?1 AND input = ?2 AND claimable_at > ?3",
