@@ -51,6 +51,16 @@ fn ship(s: &Store, lease: &precedent::queue::Lease) {
         .unwrap();
 }
 
+/// How many `precedent.Poison` facts the store holds.
+fn poison_entries(s: &Store) -> u64 {
+    s.stats()
+        .unwrap()
+        .per_type
+        .get("precedent.Poison")
+        .copied()
+        .unwrap_or(0)
+}
+
 fn n_of(f: &Fact) -> i64 {
     match f.field("n") {
         Some(precedent::Value::Integer(n)) => *n as i64,
@@ -500,20 +510,12 @@ conformance! {
     fn a_rebuilding_declaration_poisons_only_open_inputs_and_once(b: Backend) {
         let clock = ManualClock::starting_at(T0);
         let s = store_with(b, &clock);
-        let poisons = |s: &Store| {
-            s.stats()
-                .unwrap()
-                .per_type
-                .get("precedent.Poison")
-                .copied()
-                .unwrap_or(0)
-        };
         let mut q = spec();
         q.required_fields.push(FieldRequirement { name: "address".into(), kind: FieldKind::Text });
         s.declare_queue(&q).unwrap();
         let unfit = order(1);
         s.insert(&unfit).unwrap();
-        assert_eq!(poisons(&s), 1);
+        assert_eq!(poison_entries(&s), 1);
         s.discard("ship", &unfit.hash(), "no address").unwrap();
         // Fit under these rules: no requirement on `gift`.
         let open = Fact::builder("Order").field("n", 2).field("address", "x").build().unwrap();
@@ -524,7 +526,7 @@ conformance! {
         q2.completions.push(Completion { type_name: "Cancelled".into(), role: "order".into() });
         q2.required_fields.push(FieldRequirement { name: "gift".into(), kind: FieldKind::Text });
         s.declare_queue(&q2).unwrap();
-        assert_eq!(poisons(&s), 2, "the open input poisoned, the discarded one not again");
+        assert_eq!(poison_entries(&s), 2, "the open input poisoned, the discarded one not again");
         let stats = s.queue_stats("ship").unwrap();
         assert_eq!((stats.poison, stats.ready), (1, 0));
         // Rebuilt again: both ended by what it replays.
@@ -532,7 +534,7 @@ conformance! {
         let mut q3 = q2.clone();
         q3.completions.pop();
         s.declare_queue(&q3).unwrap();
-        assert_eq!(poisons(&s), 2, "no entry is written twice");
+        assert_eq!(poison_entries(&s), 2, "no entry is written twice");
         assert_eq!(s.queue_stats("ship").unwrap().poison, 1);
     }
 }
@@ -587,25 +589,17 @@ conformance! {
     fn a_redrive_of_a_stale_entry_writes_no_poison_entry(b: Backend) {
         let clock = ManualClock::starting_at(T0);
         let s = store_with(b, &clock);
-        let poisons = |s: &Store| {
-            s.stats()
-                .unwrap()
-                .per_type
-                .get("precedent.Poison")
-                .copied()
-                .unwrap_or(0)
-        };
         let mut q = spec();
         q.required_fields.push(FieldRequirement { name: "address".into(), kind: FieldKind::Text });
         s.declare_queue(&q).unwrap();
         let unfit = order(1);
         s.insert(&unfit).unwrap();
-        assert_eq!(poisons(&s), 1);
+        assert_eq!(poison_entries(&s), 1);
         let first_entry = s.queue_item("ship", &unfit.hash()).unwrap().unwrap().entry.unwrap();
         clock.advance(1);
         // Redriven, still unfit: poisoned again, a second entry naming the redrive.
         s.redrive("ship", &unfit.hash()).unwrap();
-        assert_eq!(poisons(&s), 2);
+        assert_eq!(poison_entries(&s), 2);
         // The same first entry redriven again, as another node would have.
         clock.advance(1);
         let stale = Fact::builder("precedent.Redrive")
@@ -615,7 +609,7 @@ conformance! {
             .build()
             .unwrap();
         s.insert(&stale).unwrap();
-        assert_eq!(poisons(&s), 2, "no entry for a redrive that reopened nothing");
+        assert_eq!(poison_entries(&s), 2, "no entry for a redrive that reopened nothing");
         assert_eq!(s.queue_stats("ship").unwrap().poison, 1);
     }
 }
