@@ -280,3 +280,19 @@ fn what_the_url_leaves_out_comes_from_libpqs_variables_and_password_file() {
     let out = with_env("postgres://", &["stats"], &wrong_port);
     assert!(stderr(&out).contains("server down"), "{}", stderr(&out));
 }
+
+/// `demo` on a PostgreSQL URL with a password prints the commands to try with the
+/// password hidden, as every message shows a URL, and says how to give it: a terminal
+/// (and whatever records it) never sees the password.
+#[test]
+fn demo_on_a_url_with_a_password_prints_it_hidden() {
+    let Some(db) = pg::db() else { return };
+    let url = db.url_with_password(pg::PASSWORD);
+    let out = ok(&url, &["demo"], b"");
+    assert!(!out.contains(pg::PASSWORD), "{out}");
+    assert!(
+        out.contains(&format!("{}:***@", pg::PASSWORD_USER)),
+        "{out}"
+    );
+    assert!(out.contains("PGPASSWORD"), "{out}");
+}

@@ -251,7 +251,7 @@ pub fn demo(g: &Global) -> anyhow::Result<Status> {
     print_verify(&verify)?;
     say!();
     say!("Try these (`watch` runs until Ctrl-C):");
-    let p = program(&g.db);
+    let (p, hidden) = program(&g.db);
     let s = shop.short(8);
     say!("  {p} get {s}");
     say!("  {p} query 'match o: Shop.Order where o.number > 3 select o.number'");
@@ -260,6 +260,9 @@ pub fn demo(g: &Global) -> anyhow::Result<Status> {
     say!("  {p} dlq list ship");
     say!("  {p} export | head -3");
     say!("  {p} watch 'match o: Shop.Order select o.number'");
+    if hidden {
+        say!("(The URL's password is left out of these: give it with PGPASSWORD or ~/.pgpass.)");
+    }
     Ok(if verify.is_clean() {
         Status::Ok
     } else {
@@ -267,20 +270,24 @@ pub fn demo(g: &Global) -> anyhow::Result<Status> {
     })
 }
 
-/// How to run `precedent` on this database: with `--db` unless it is the default one.
-fn program(db: &Path) -> String {
+/// How to run `precedent` on this database: with `--db` unless it is the default one,
+/// and whether a password was left out of it (a PostgreSQL URL's, shown as `***`, as
+/// every message shows it: the terminal, and whatever records it, never sees one).
+fn program(db: &Path) -> (String, bool) {
     if db == Path::new("./precedent.db") {
-        return "precedent".into();
+        return ("precedent".into(), false);
     }
-    let text = db.display().to_string();
+    let text = precedent::store::shown_path(db);
+    let hidden = text != db.to_string_lossy();
     let plain = text
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || "/._-+".contains(c));
-    if plain {
+    let program = if plain {
         format!("precedent --db {text}")
     } else {
         format!("precedent --db '{}'", text.replace('\'', "'\\''"))
-    }
+    };
+    (program, hidden)
 }
 
 fn narrate(cast: &Cast, outcome: &InsertOutcome) -> String {

@@ -113,7 +113,9 @@ pub fn run(store: &Store, shop: FactHash, o: &Orders) -> anyhow::Result<()> {
         if lease.input.hash() == o4.hash() {
             store.complete(lease, |w| {
                 w.sql().execute(
-                    "INSERT OR IGNORE INTO shipping_label (order_number, tracking) VALUES (4, 'PP-1004')",
+                    // `ON CONFLICT`, which SQLite and PostgreSQL both take.
+                    "INSERT INTO shipping_label (order_number, tracking) VALUES (4, 'PP-1004')
+                     ON CONFLICT DO NOTHING",
                     args![],
                 )?;
                 w.insert(&o.shipment)
