@@ -569,8 +569,13 @@ impl<'a> Tx<'a> {
         Ok(())
     }
 
-    /// [`Tx::partitions_on`] on the transaction's connection.
+    /// [`Tx::partitions_on`] on the transaction's connection; for a fact of one
+    /// predecessor (`roles` empty) nothing, not even the connection's turn (which would
+    /// send a `BEGIN` not yet sent in a round trip of its own).
     pub(crate) fn more_partitions(&self, roles: &[i64]) -> Result<()> {
+        if roles.is_empty() {
+            return Ok(());
+        }
         self.with(|c| self.partitions_on(c, roles))
     }
 
